@@ -1,0 +1,35 @@
+"""Metric keys shared by the trainer, the sweep, the stoppers, the report and the notebooks.
+
+Keys are Tune's flattened names ('/' between levels) of an RLlib result after rayrl's callback
+has added its ``rayrl`` section. One place, so a renamed metric breaks loudly, not silently.
+"""
+
+ENV_STEPS = "num_env_steps_sampled_lifetime"          #: env steps sampled since the run began
+EPISODE_RETURN = "env_runners/episode_return_mean"     #: mean return of recent episodes
+ITERATION = "training_iteration"
+TIME_TOTAL = "time_total_s"
+
+ENV_STEPS_PER_S = "rayrl/env_steps_per_s"              #: end-to-end (sample + learn) this iteration
+ENV_STEPS_THIS_ITER = "rayrl/env_steps_this_iter"
+BACKEND = "rayrl/backend"                              #: torch.distributed backend: none, gloo, nccl
+NUM_LEARNERS = "rayrl/num_learners"
+GLOBAL_BATCH = "rayrl/global_batch"                    #: per-learner batch x learners
+EFFECTIVE_MINIBATCH = "rayrl/effective_minibatch"      #: minibatch x accumulation steps
+EFFECTIVE_LR = "rayrl/effective_lr"
+PRECISION = "rayrl/precision"
+NONFINITE_STEPS = "rayrl/nonfinite_steps"             #: skipped non-finite steps, lifetime
+LOSS_SCALE = "rayrl/loss_scale"                        #: fp16 dynamic loss scale (NaN otherwise)
+GRAD_NORM = "rayrl/grad_norm"                          #: pre-clip global gradient norm
+TOTAL_LOSS = "rayrl/total_loss"
+
+
+def lookup(result: dict, key: str, default=None):
+    """Read a flattened key from a nested or a flattened result dict."""
+    if key in result:
+        return result[key]
+    node = result
+    for part in key.split("/"):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node

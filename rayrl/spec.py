@@ -1,0 +1,425 @@
+"""The experiment spec: one YAML file -> frozen dataclasses, validated before any Ray work.
+
+Every field is documented where it is declared (``doc`` metadata); ``rayrl spec`` prints the
+same table, so the YAML, the docs and the code cannot drift apart. All user errors raise
+:class:`SpecError`, whose message names the field, the value and what would be valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+ALGORITHMS = ("PPO", "APPO", "IMPALA")
+LR_SCALING = ("none", "linear", "sqrt")
+PRECISIONS = ("fp32", "bf16", "fp16")
+SCHEDULERS = ("asha", "hyperband")
+
+
+class SpecError(ValueError):
+    """A user's experiment spec (YAML or --set override) is invalid; the message says how."""
+
+
+def doc(default: Any, text: str, **kw: Any) -> Any:
+    """A dataclass field with its documentation attached (read by `rayrl spec` and the docs)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": text, **kw})
+    return field(default=default, metadata={"doc": text, **kw})
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    id: str = doc("CartPole-v1", "gymnasium id (e.g. CartPole-v1, ALE/Pong-v5) or a factory "
+                  "'package.module:function' that takes env_config and returns a gymnasium.Env")
+    config: dict = doc({}, "keyword arguments for the env (gymnasium.make kwargs, or the factory's env_config)")
+    envs_per_runner: int = doc(8, "vectorised envs stepped by each env runner", min=1)
+
+
+@dataclass(frozen=True)
+class AlgoSpec:
+    name: str = doc("PPO", "RLlib algorithm on the new API stack: PPO, APPO or IMPALA", choices=ALGORITHMS)
+    lr: float = doc(3e-4, "learning rate for one learner (scaled by resources.lr_scaling when learners > 1)",
+                    gt=0.0, le=1.0)
+    train_batch_per_learner: int = doc(2048, "env steps per training batch per learner "
+                                       "(global batch = this x max(learners, 1))", min=1)
+    minibatch_size: int = doc(256, "SGD minibatch size, env steps; at most train_batch_per_learner", min=1)
+    epochs: int = doc(6, "passes over each training batch", min=1)
+    gamma: float = doc(0.99, "discount factor", ge=0.0, le=1.0)
+    gae_lambda: float = doc(0.95, "GAE lambda (PPO only; APPO and IMPALA use v-trace)", ge=0.0, le=1.0)
+    entropy_coeff: float = doc(0.0, "entropy bonus coefficient", ge=0.0)
+    vf_loss_coeff: float = doc(0.01, "value-function loss coefficient", ge=0.0)
+    grad_clip: float = doc(1.0, "clip gradients to this global L2 norm; 0 turns clipping off", ge=0.0)
+    hidden: list = doc([64, 64], "hidden layer sizes of the policy/value MLP", item=int)
+
+
+@dataclass(frozen=True)
+class ResourcesSpec:
+    env_runners: int = doc(1, "remote EnvRunner actors; 0 samples in the trial's own process", min=0)
+    learners: int = doc(0, "remote Learner actors on Ray Train's Torch backend; 0 learns in the trial's "
+                        "process, >= 2 runs DDP (NCCL on GPUs, gloo on CPUs)", min=0)
+    gpus_per_learner: float = doc(0.0, "GPUs per learner (with learners: 0, a GPU for the local learner)", ge=0.0)
+    cpus_per_learner: float = doc(1.0, "CPUs per learner", gt=0.0)
+    cpus_per_env_runner: float = doc(1.0, "CPUs per env runner", gt=0.0)
+    custom_per_learner: dict = doc({}, "custom Ray resources each learner needs, e.g. {accelerator_type:H100: "
+                                   "0.001} to pin learners to a node type")
+    lr_scaling: str = doc("none", "how lr grows with learners > 1: none, linear (lr x n) or sqrt "
+                          "(lr x sqrt(n)); always applied explicitly and recorded", choices=LR_SCALING)
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    mode: str = doc("fp32", "learner precision: fp32, bf16 (autocast) or fp16 (autocast + dynamic loss "
+                    "scaling)", choices=PRECISIONS)
+    accumulation_steps: int = doc(1, "minibatches whose gradients are summed before one optimizer step "
+                                  "(effective minibatch = minibatch_size x this)", min=1)
+    max_nonfinite_steps: int = doc(10, "consecutive non-finite (NaN/Inf) steps, each skipped, after which "
+                                   "the trial fails so Tune restores the last checkpoint", min=1)
+
+
+@dataclass(frozen=True)
+class StopSpec:
+    env_steps: int | None = doc(300_000, "stop after this many env steps sampled (lifetime)", min=1)
+    episode_return: float | None = doc(450.0, "stop once the mean episode return reaches this")
+    wall_s: float | None = doc(None, "stop after this many seconds of training", gt=0.0)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    every: int = doc(5, "checkpoint every N training iterations (and at the end)", min=1)
+    keep: int = doc(3, "checkpoints kept (the newest)", min=1)
+    max_failures: int = doc(3, "retries from the latest checkpoint after a trial fails; -1 retries forever",
+                            min=-1)
+
+
+@dataclass(frozen=True)
+class DoublingSpec:
+    start: int = doc(2048, "first rung: train batch per learner, env steps", min=1)
+    factor: int = doc(2, "each rung multiplies the batch by this", min=2)
+    cap: int = doc(16384, "largest rung; above 16384 sample efficiency falls (a larger cap warns)", min=1)
+    min_gain: float = doc(0.15, "keep doubling while a doubling raises env steps/s by at least this fraction",
+                          ge=0.0)
+    warmup_iters: int = doc(1, "iterations of a rung not measured (start-up, JIT, caches)", min=0)
+    measure_iters: int = doc(3, "measured iterations per rung; the rung's figure is their median", min=1)
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    doubling: DoublingSpec = doc(DoublingSpec(), "phase 1: the throughput ladder")
+    scheduler: str = doc("asha", "phase 2 trial scheduler: asha or hyperband", choices=SCHEDULERS)
+    num_samples: int = doc(8, "phase 2 trials (Optuna TPE proposals)", min=1)
+    max_env_steps: int = doc(200_000, "phase 2 budget per trial, env steps (the scheduler's time unit)",
+                             min=1)
+    grace_env_steps: int = doc(40_000, "ASHA: env steps before a trial may be stopped", min=1)
+    reduction_factor: float = doc(3.0, "ASHA/HyperBand reduction factor", gt=1.0)
+    lr_min: float = doc(1e-5, "phase 2 lr search range, lower end (log-uniform)", gt=0.0)
+    lr_max: float = doc(1e-3, "phase 2 lr search range, upper end", gt=0.0)
+    max_concurrent: int = doc(0, "phase 2 trials at once; 0 derives it from the cluster's CPUs and GPUs",
+                              min=0)
+
+
+@dataclass(frozen=True)
+class CostSpec:
+    gpu_hour_usd: float = doc(3.0, "price of one GPU-hour, USD", ge=0.0)
+    cpu_hour_usd: float = doc(0.05, "price of one CPU-hour, USD", ge=0.0)
+    spot_discount: float = doc(0.0, "fraction taken off on spot/preemptible capacity", ge=0.0, lt=1.0)
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str = doc("rayrl", "experiment name: the run folder under the storage path")
+    seed: int = doc(0, "seed for torch, the envs and the searchers", min=0)
+    env: EnvSpec = doc(EnvSpec(), "the environment")
+    algo: AlgoSpec = doc(AlgoSpec(), "the algorithm and its hyperparameters")
+    resources: ResourcesSpec = doc(ResourcesSpec(), "actors and devices of one trial")
+    precision: PrecisionSpec = doc(PrecisionSpec(), "learner numerics")
+    stop: StopSpec = doc(StopSpec(), "when a training run ends (whichever comes first)")
+    checkpoint: CheckpointSpec = doc(CheckpointSpec(), "checkpoints and retries")
+    search: SearchSpec = doc(SearchSpec(), "the sweep: doubling rule then ASHA/HyperBand + Optuna")
+    cost: CostSpec = doc(CostSpec(), "prices for cost per effective sample")
+
+    @property
+    def global_batch(self) -> int:
+        """Env steps per update across all learners."""
+        return self.algo.train_batch_per_learner * max(self.resources.learners, 1)
+
+    @property
+    def effective_lr(self) -> float:
+        """lr after the declared scaling rule for the number of learners."""
+        return scaled_lr(self.algo.lr, self.resources.learners, self.resources.lr_scaling)
+
+
+def scaled_lr(lr: float, learners: int, rule: str) -> float:
+    """Scale a one-learner lr to ``learners`` learners by ``rule`` (none | linear | sqrt)."""
+    n = max(learners, 1)
+    if rule == "linear":
+        return lr * n
+    if rule == "sqrt":
+        return lr * math.sqrt(n)
+    if rule == "none":
+        return lr
+    raise SpecError(f"resources.lr_scaling: {rule!r} is not a scaling rule; valid: {', '.join(LR_SCALING)}.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Building from plain data
+
+
+def _is_spec(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _describe(tp: Any) -> str:
+    if tp is float:
+        return "a number"
+    if tp is int:
+        return "an integer"
+    if tp is bool:
+        return "true or false"
+    if tp is str:
+        return "a string"
+    if tp is list:
+        return "a list"
+    if tp is dict:
+        return "a mapping"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(path: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (tp,) = [a for a in args if a is not type(None)]
+    if _is_spec(tp):
+        return _build(tp, value, path)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SpecError(f"{path}: {value!r} is not a number; expected {_describe(tp)}.")
+        value = float(value)
+        if not math.isfinite(value):
+            raise SpecError(f"{path}: {value!r} is not finite; expected a finite number.")
+    elif tp is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(f"{path}: {value!r} is not an integer; expected {_describe(tp)}.")
+    elif tp is str:
+        if not isinstance(value, str) or not value:
+            raise SpecError(f"{path}: {value!r} is not a non-empty string.")
+    elif tp is dict:
+        if not isinstance(value, dict):
+            raise SpecError(f"{path}: {value!r} is not a mapping; expected key: value pairs.")
+        value = dict(value)
+    elif tp is list:
+        if not isinstance(value, (list, tuple)) or not value:
+            raise SpecError(f"{path}: {value!r} is not a non-empty list.")
+        item = meta.get("item")
+        if item is int and any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value):
+            raise SpecError(f"{path}: {value!r} must list positive integers, e.g. [64, 64].")
+        value = list(value)
+    _check_range(path, value, meta)
+    return value
+
+
+def _check_range(path: str, value: Any, meta: Mapping[str, Any]) -> None:
+    if "choices" in meta and value not in meta["choices"]:
+        near = difflib.get_close_matches(str(value), meta["choices"], n=1, cutoff=0.4)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        raise SpecError(f"{path}: {value!r} is not valid{hint}; valid: {', '.join(meta['choices'])}.")
+    bounds = [("min", ">=", lambda v, b: v >= b), ("ge", ">=", lambda v, b: v >= b),
+              ("gt", ">", lambda v, b: v > b), ("le", "<=", lambda v, b: v <= b),
+              ("lt", "<", lambda v, b: v < b)]
+    for key, op, ok in bounds:
+        if key in meta and isinstance(value, (int, float)) and not ok(value, meta[key]):
+            raise SpecError(f"{path}: {value!r} is out of range; it must be {op} {meta[key]}.")
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{path or 'spec'}: {data!r} is not a mapping; expected a section of key: value "
+                        f"pairs with keys {', '.join(f.name for f in dataclasses.fields(cls))}.")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in fields:
+            near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise SpecError(f"{where}: unknown key; {hint}valid keys{' in ' + path if path else ''}: "
+                            f"{', '.join(fields)}.")
+        kwargs[key] = _convert(where, value, hints[key], fields[key].metadata)
+    return cls(**kwargs)
+
+
+def from_dict(data: Mapping[str, Any] | None) -> Spec:
+    """Build and validate a Spec from plain data (a parsed YAML tree)."""
+    spec = _build(Spec, data, "")
+    validate(spec)
+    return spec
+
+
+def validate(spec: Spec) -> None:
+    """Cross-field rules that single fields cannot express."""
+    a, s = spec.algo, spec.search
+    if a.minibatch_size > a.train_batch_per_learner:
+        raise SpecError(f"algo.minibatch_size: {a.minibatch_size} is larger than algo.train_batch_per_learner "
+                        f"({a.train_batch_per_learner}); it must be at most the train batch.")
+    if spec.stop.env_steps is None and spec.stop.episode_return is None and spec.stop.wall_s is None:
+        raise SpecError("stop: env_steps, episode_return and wall_s are all null; set at least one so the run "
+                        "ends.")
+    if s.lr_min >= s.lr_max:
+        raise SpecError(f"search.lr_min: {s.lr_min} is not below search.lr_max ({s.lr_max}); the lr range "
+                        "must be non-empty.")
+    if s.doubling.cap < s.doubling.start:
+        raise SpecError(f"search.doubling.cap: {s.doubling.cap} is below search.doubling.start "
+                        f"({s.doubling.start}); the cap must admit the first rung.")
+    if s.grace_env_steps > s.max_env_steps:
+        raise SpecError(f"search.grace_env_steps: {s.grace_env_steps} exceeds search.max_env_steps "
+                        f"({s.max_env_steps}); the grace period must fit in the budget.")
+    if spec.resources.gpus_per_learner > 0 and spec.resources.learners == 0 and \
+            spec.resources.gpus_per_learner != 1:
+        raise SpecError(f"resources.gpus_per_learner: {spec.resources.gpus_per_learner} with learners: 0; "
+                        "the local learner takes 0 or 1 GPU.")
+    check_env(spec.env.id)
+
+
+def check_env(env_id: str) -> None:
+    """Fail early on an env id that neither gymnasium nor an import path can resolve."""
+    if ":" in env_id:
+        resolve_factory(env_id)
+        return
+    import gymnasium
+
+    if env_id.startswith("ALE/"):
+        try:
+            import ale_py
+
+            gymnasium.register_envs(ale_py)
+        except ImportError as exc:
+            raise SpecError(f"env.id: {env_id!r} needs the ale-py package ({exc}); pip install ale-py.") from None
+    if env_id not in gymnasium.registry:
+        near = difflib.get_close_matches(env_id, list(gymnasium.registry), n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise SpecError(f"env.id: {env_id!r} is not a registered gymnasium env; {hint}give a gymnasium id "
+                        "(e.g. CartPole-v1) or a factory as 'package.module:function'.")
+
+
+def resolve_factory(target: str) -> Any:
+    """Import 'package.module:function'; the function builds the env from env_config."""
+    module, _, name = target.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise SpecError(f"env.id: {target!r} cannot be imported ({exc}); give 'package.module:function' "
+                        "importable on every node, or a gymnasium id.") from None
+    if not callable(fn):
+        raise SpecError(f"env.id: {target!r} is not callable; it must be a function env_config -> Env.")
+    return fn
+
+
+# ---------------------------------------------------------------------------------------------
+# Files and overrides
+
+
+def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
+    """Read a YAML spec, apply ``--set a.b=value`` overrides, validate."""
+    return from_dict(apply_overrides(read_yaml(path), overrides))
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"--config: {str(p)!r} does not exist or is not a file; give a YAML spec such as "
+                        "experiments/configs/cartpole_ppo.yaml.")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"--config: {str(p)!r} is not valid YAML: {' '.join(str(exc).split())}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"--config: {str(p)!r} is not a text file; give a YAML spec.") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SpecError(f"--config: {str(p)!r} holds {type(data).__name__}, not a mapping of sections "
+                        f"({', '.join(f.name for f in dataclasses.fields(Spec))}).")
+    return data
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: list[str] | tuple[str, ...]) -> dict:
+    """Apply dotted ``key.path=value`` overrides; values are parsed as YAML (1e-4, true, [64, 64])."""
+    out = _deep_copy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise SpecError(f"--set: {item!r} is not of the form section.key=value (e.g. algo.lr=1e-4).")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise SpecError(f"--set {key}: {raw!r} is not a YAML value.") from None
+        node: dict = out
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise SpecError(f"--set {key}: {'.'.join(parts[:i + 1])} is a value, not a section.")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, Mapping):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data
+
+
+def to_dict(spec: Any) -> dict:
+    """Plain data that :func:`from_dict` turns back into an equal Spec."""
+    return dataclasses.asdict(spec)
+
+
+def dump(spec: Spec, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(spec), sort_keys=False))
+
+
+def replace(spec: Spec, **sections: Mapping[str, Any]) -> Spec:
+    """A copy of ``spec`` with some fields of some sections changed, validated again."""
+    data = to_dict(spec)
+    for section, changes in sections.items():
+        if isinstance(changes, Mapping):
+            data[section].update(changes)
+        else:
+            data[section] = changes
+    return from_dict(data)
+
+
+def field_table(cls: type = Spec, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted name, default, doc) for every leaf field: the source of `rayrl spec` and the README."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        name = f"{prefix}{f.name}"
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if _is_spec(type(default)):
+            rows.extend(field_table(type(default), name + "."))
+        else:
+            rows.append((name, yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("..."
+                                                                                                   ).strip(),
+                         f.metadata.get("doc", "")))
+    return rows
+
