@@ -33,3 +33,19 @@ def lookup(result: dict, key: str, default=None):
             return default
         node = node[part]
     return node
+
+# Hardware, sampled on the trial's node each iteration (fractions 0..1; NaN where unknown).
+CPU_UTIL = "rayrl/cpu_util"
+MEM_UTIL = "rayrl/mem_util"
+GPU_UTIL = "rayrl/gpu_util"
+GPU_MEM_UTIL = "rayrl/gpu_mem_util"
+NET_UTIL = "rayrl/net_util"
+LEARNER_SAMPLES_PER_S = "rayrl/learner_samples_per_s"
+
+# Columns of the run folder's history.csv (one row per reported iteration of every trial).
+HISTORY_COLUMNS = (
+    "trial_id", "phase", "batch_size", "lr", ITERATION, "env_steps", "episode_return_mean",
+    "env_steps_per_s", "learner_samples_per_s", "total_loss", "grad_norm", "loss_scale",
+    "nonfinite_steps", "time_total_s", "cpu_util", "mem_util", "gpu_util", "gpu_mem_util", "net_util",
+    "num_learners", "backend", "precision",
+)
