@@ -66,8 +66,9 @@ def build_config(spec: Spec) -> AlgorithmConfig:
             num_learners=r.learners,
             num_gpus_per_learner=r.gpus_per_learner,
             num_cpus_per_learner=r.cpus_per_learner if r.gpus_per_learner == 0 or r.learners else "auto",
-            custom_resources_per_learner=dict(r.custom_per_learner) or None,
+            custom_resources_per_learner=dict(r.custom_per_learner),
             learner_class=learner_class(a.name),
+            learner_config_dict=learner_settings(spec),
         )
         .training(
             lr=spec.effective_lr,
@@ -79,7 +80,6 @@ def build_config(spec: Spec) -> AlgorithmConfig:
             vf_loss_coeff=a.vf_loss_coeff,
             # rayrl's learner clips (and reports the pre-clip norm) itself: see rayrl.learner.
             grad_clip=None,
-            learner_config_dict=learner_settings(spec),
         )
         .rl_module(model_config={"fcnet_hiddens": list(a.hidden), "vf_share_layers": False})
         .callbacks(RayrlCallback)

@@ -1,0 +1,106 @@
+"""Tune callbacks in the driver: a live progress line per result, and the run folder's history.csv."""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from ray.tune import Callback
+
+from rayrl import keys
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def history_row(result: dict, trial_id: str, phase: str, batch_size: Any, lr: Any) -> dict:
+    """One history.csv row (columns: rayrl.keys.HISTORY_COLUMNS) from one Tune result."""
+    get = lambda key: keys.lookup(result, key)  # noqa: E731
+    return {
+        "trial_id": trial_id,
+        "phase": phase,
+        "batch_size": batch_size,
+        "lr": lr,
+        keys.ITERATION: get(keys.ITERATION),
+        "env_steps": get(keys.ENV_STEPS),
+        "episode_return_mean": get(keys.EPISODE_RETURN),
+        "env_steps_per_s": get(keys.ENV_STEPS_PER_S),
+        "learner_samples_per_s": get(keys.LEARNER_SAMPLES_PER_S),
+        "total_loss": get(keys.TOTAL_LOSS),
+        "grad_norm": get(keys.GRAD_NORM),
+        "loss_scale": get(keys.LOSS_SCALE),
+        "nonfinite_steps": get(keys.NONFINITE_STEPS),
+        "time_total_s": get(keys.TIME_TOTAL),
+        "cpu_util": get(keys.CPU_UTIL),
+        "mem_util": get(keys.MEM_UTIL),
+        "gpu_util": get(keys.GPU_UTIL),
+        "gpu_mem_util": get(keys.GPU_MEM_UTIL),
+        "net_util": get(keys.NET_UTIL),
+        "num_learners": get(keys.NUM_LEARNERS),
+        "backend": get(keys.BACKEND),
+        "precision": get(keys.PRECISION),
+    }
+
+
+def trial_batch_lr(trial: Any) -> tuple[Any, Any]:
+    """The batch size and lr a trial runs with, from its (RLlib) config."""
+    config = getattr(trial, "config", {}) or {}
+    batch = config.get("train_batch_size_per_learner", config.get("_train_batch_size_per_learner"))
+    return batch, config.get("lr")
+
+
+class HistoryWriter(Callback):
+    """Appends one row per trial result to ``history.csv``.
+
+    After a recovery Tune replays iterations from the last checkpoint, so an iteration can appear
+    twice: the last row for a (trial_id, training_iteration) pair is the one that counts.
+    """
+
+    def __init__(self, path: str | Path, phase: str) -> None:
+        self.path = Path(path)
+        self.phase = phase
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        batch, lr = trial_batch_lr(trial)
+        row = history_row(result, trial.trial_id, self.phase, batch, lr)
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        with self.path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(keys.HISTORY_COLUMNS))
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+
+
+class ProgressPrinter(Callback):
+    """One line per result: iteration, env steps, env steps/s, return (and batch, lr when sweeping)."""
+
+    def __init__(self, label: str = "", show_config: bool = False, stream: TextIO | None = None) -> None:
+        self.label = label
+        self.show_config = show_config
+        self.stream = stream
+        self._start = time.monotonic()
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        get = lambda key: _num(keys.lookup(result, key))  # noqa: E731
+        parts = [f"[{self.label}{' ' if self.label else ''}{time.monotonic() - self._start:6.0f}s]"]
+        if self.show_config:
+            batch, lr = trial_batch_lr(trial)
+            parts.append(f"{trial.trial_id} batch {batch} lr {_num(lr):.2e}")
+        parts.append(f"iter {int(get(keys.ITERATION))}")
+        parts.append(f"env steps {get(keys.ENV_STEPS):,.0f}")
+        parts.append(f"{get(keys.ENV_STEPS_PER_S):,.0f} steps/s")
+        parts.append(f"return {get(keys.EPISODE_RETURN):.1f}")
+        print(" | ".join(parts), file=self.stream or sys.stdout, flush=True)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        print(f"[{self.label}] trial {trial.trial_id} failed; Tune retries it from its latest checkpoint "
+              f"if retries remain (error file: {getattr(trial, 'error_file', None)})",
+              file=self.stream or sys.stderr, flush=True)

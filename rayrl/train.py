@@ -1,0 +1,130 @@
+"""`rayrl train`: the long production run, as a single-trial Tune experiment.
+
+Tune gives the run its checkpoints, retries from the latest checkpoint (FailureConfig) and
+resume (``Tuner.restore``); rayrl adds the spec, the progress line and the run folder files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from rayrl import keys, runtime, spec as spec_mod
+from rayrl.spec import Spec
+
+
+def stop_criteria(spec: Spec) -> dict[str, float]:
+    """Tune's stop dict: the run ends when any metric reaches its value."""
+    stop: dict[str, float] = {}
+    if spec.stop.env_steps is not None:
+        stop[keys.ENV_STEPS] = spec.stop.env_steps
+    if spec.stop.episode_return is not None:
+        stop[keys.EPISODE_RETURN] = spec.stop.episode_return
+    if spec.stop.wall_s is not None:
+        stop[keys.TIME_TOTAL] = spec.stop.wall_s
+    return stop
+
+
+def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", subdir: str = "tune",
+               param_space: Any = None, tune_config: Any = None, stop: Any = None,
+               extra_callbacks: list | None = None, verbose_label: str = "train") -> Any:
+    """A Tuner for ``spec`` (or resumed from ``paths`` when an experiment is already there)."""
+    from ray import tune
+
+    from rayrl.algo import algorithm_class, build_config
+    from rayrl.progress import HistoryWriter, ProgressPrinter
+
+    trainable = algorithm_class(spec.algo.name)
+    exp_path = _join(paths.storage, paths.name, subdir)
+    if tune.Tuner.can_restore(exp_path):
+        return tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True,
+                                  param_space=param_space)
+    run_config = tune.RunConfig(
+        name=subdir,
+        storage_path=_join(paths.storage, paths.name),
+        stop=stop if stop is not None else stop_criteria(spec),
+        checkpoint_config=tune.CheckpointConfig(
+            num_to_keep=spec.checkpoint.keep,
+            checkpoint_frequency=spec.checkpoint.every,
+            checkpoint_at_end=True,
+        ),
+        failure_config=tune.FailureConfig(max_failures=spec.checkpoint.max_failures),
+        callbacks=[ProgressPrinter(verbose_label, show_config=phase != "train"),
+                   HistoryWriter(paths.run_dir / "history.csv", phase), *(extra_callbacks or [])],
+        verbose=0,
+    )
+    return tune.Tuner(trainable, param_space=param_space if param_space is not None else build_config(spec),
+                      tune_config=tune_config, run_config=run_config)
+
+
+def _join(storage: str, *parts: str) -> str:
+    return "/".join([storage.rstrip("/"), *parts])
+
+
+def run(spec: Spec, paths: runtime.RunPaths) -> dict:
+    """Train to the spec's stop criteria (resuming if the run exists); return the summary."""
+    spec_mod.dump(spec, paths.run_dir / "spec.yaml")
+    start = time.monotonic()
+    tuner = make_tuner(spec, paths)
+    grid = tuner.fit()
+    result = grid[0]
+    metrics = result.metrics or {}
+    summary = {
+        "kind": "train",
+        "name": paths.name,
+        "algorithm": spec.algo.name,
+        "env": spec.env.id,
+        "status": "error" if result.error else "finished",
+        "error": str(result.error).splitlines()[0] if result.error else None,
+        "iterations": metrics.get(keys.ITERATION),
+        "env_steps": keys.lookup(metrics, keys.ENV_STEPS),
+        "episode_return_mean": keys.lookup(metrics, keys.EPISODE_RETURN),
+        "wall_s": round(time.monotonic() - start, 2),
+        "time_total_s": metrics.get(keys.TIME_TOTAL),
+        "backend": keys.lookup(metrics, keys.BACKEND),
+        "num_learners": keys.lookup(metrics, keys.NUM_LEARNERS),
+        "global_batch": keys.lookup(metrics, keys.GLOBAL_BATCH),
+        "checkpoint": result.checkpoint.path if result.checkpoint else None,
+        "resources": trial_resources(spec),
+    }
+    (paths.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_jsonable))
+    return summary
+
+
+def trial_resources(spec: Spec) -> dict:
+    """CPUs and GPUs one trial holds, for cost accounting."""
+    r = spec.resources
+    learners = max(r.learners, 1)
+    gpus = r.gpus_per_learner * learners
+    cpus = 1 + r.env_runners * r.cpus_per_env_runner + (r.learners * r.cpus_per_learner if r.learners else 0)
+    return {"cpus_per_trial": cpus, "gpus_per_trial": gpus}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
+
+
+def main(args: argparse.Namespace) -> int:
+    spec = spec_mod.load(args.config, args.overrides)
+    paths = runtime.resolve(args.storage, args.name or spec.name)
+    runtime.init_ray(args.address, args.num_cpus)
+    summary = run(spec, paths)
+    ret = summary["episode_return_mean"]
+    print(f"rayrl train: {summary['status']} after {summary['iterations']} iterations, "
+          f"{summary['env_steps'] or 0:,.0f} env steps, return {ret if ret is not None else float('nan'):.1f}; "
+          f"run folder {paths.run_dir}")
+    if summary["status"] != "finished":
+        print(f"rayrl train: the trial failed: {summary['error']}; run the same command to retry from the "
+              "latest checkpoint.")
+        return 1
+    return 0
+
+
+def load_summary(run_dir: str | Path) -> dict:
+    return json.loads((Path(run_dir) / "summary.json").read_text())
