@@ -14,7 +14,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.tune.registry import register_env
 
-from rayrl import keys
+from rayrl import keys, metrics
 from rayrl.spec import Spec, resolve_factory
 
 
@@ -125,10 +125,7 @@ class RayrlCallback(RLlibCallback):
         super().__init__()
         self._backend: str | None = None
         self._last_steps: float | None = None
-        self._last_time: float | None = None
-
-    def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
-        self._last_time = time.perf_counter()
+        self._last_time = 0.0
 
     def on_train_result(self, *, algorithm: Any, result: dict, **kwargs: Any) -> None:
         cfg = algorithm.config
@@ -136,9 +133,12 @@ class RayrlCallback(RLlibCallback):
             self._backend = _learner_backend(algorithm)
         steps = float(keys.lookup(result, keys.ENV_STEPS, 0) or 0)
         now = time.perf_counter()
-        this_iter = steps - self._last_steps if self._last_steps is not None else steps
-        # Wall time between results (sampling + learning + overhead), not the learner's time alone.
-        elapsed = now - self._last_time if self._last_time is not None else result.get("time_this_iter_s", 0)
+        if self._last_steps is not None and steps >= self._last_steps:
+            # Wall time between results (sampling + learning + overhead), not the learner's time alone.
+            this_iter, elapsed = steps - self._last_steps, now - self._last_time
+        else:  # first result of this process (new run or restored from a checkpoint)
+            this_iter = float(keys.lookup(result, "env_runners/num_env_steps_sampled", 0) or 0)
+            elapsed = float(result.get("time_this_iter_s", 0) or 0)
         self._last_steps, self._last_time = steps, now
         settings = cfg.learner_config_dict or {}
         learner_stats = _learner_stats(result)
@@ -154,6 +154,7 @@ class RayrlCallback(RLlibCallback):
             "precision": settings.get("precision", "fp32"),
             **learner_stats,
         }
+        metrics.observe(self, algorithm, result)  # hardware sample into result["rayrl"]; Ray gauges
 
 
 def _learner_backend(algorithm: Any) -> str:

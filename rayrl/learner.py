@@ -1,11 +1,396 @@
+"""rayrl's Torch learners: precision, gradient accumulation, clipping and a non-finite guard.
+
+RLlib's TorchLearner steps the optimizer once per minibatch, clips inside
+``postprocess_gradients`` and has no autocast; its ``_torch_grad_scaler_class`` hook scales the
+loss but clips the *scaled* fp16 gradients (``scaler.step`` unscales only after clipping), which
+turns "clip at 1.0" into "clip at 1.0 / 65536". So rayrl owns the one method that runs a
+minibatch, ``_uncompiled_update``, in a mixin placed in front of RLlib's PPO, APPO and IMPALA
+Torch learners:
+
+* every minibatch: forward + loss under ``torch.autocast`` (bf16 or fp16), loss / K, backward;
+* every K-th minibatch (and once more at the end of an update for a partial group): average the
+  gradients across learners (DDP), unscale (fp16), measure the global norm, skip the step if the
+  loss or the norm is not finite, else clip and step.
+
+See docs/learner.md for the settings and the figures.
+"""
+
 from __future__ import annotations
-def learner_class(name):
-    if name == "PPO":
-        from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner as L
-    elif name == "APPO":
-        from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner as L
+
+import contextlib
+import importlib
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.distributed as dist
+from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
+from ray.rllib.algorithms.impala.torch.impala_torch_learner import IMPALATorchLearner
+from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+
+from rayrl.spec import PRECISIONS, Spec, SpecError
+
+# Per-module learner metrics; rayrl.algo.RayrlCallback copies them into result["rayrl"].
+NONFINITE_STEPS = "rayrl_nonfinite_steps"      #: skipped non-finite steps, lifetime (rank 0 counts)
+OVERFLOW_STEPS = "rayrl_overflow_steps"        #: fp16 steps skipped by the loss scaler, lifetime
+LOSS_SCALE = "rayrl_loss_scale"                #: fp16 dynamic loss scale after the last step
+GRAD_NORM = "rayrl_grad_norm"                  #: pre-clip global gradient norm, last finite step
+OPTIMIZER_STEPS = "rayrl_optimizer_steps"      #: optimizer steps applied this iteration
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Too many consecutive non-finite steps: the trial must fail so Tune restores a checkpoint."""
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    """The learner's part of the spec, as carried by RLlib's ``learner_config_dict``."""
+
+    precision: str = "fp32"
+    accumulation_steps: int = 1
+    grad_clip: float = 1.0
+    max_nonfinite_steps: int = 10
+    fp16_init_scale: float = 2.0**16
+    fp16_growth_interval: int = 2000
+    loss_hook: str | None = None
+
+    @classmethod
+    def from_config(cls, data: Mapping[str, Any] | None) -> "LearnerSettings":
+        """Validate ``learner_config_dict`` (which a user may also write by hand)."""
+        data = dict(data or {})
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        s = cls(**known)
+        where = "learner_config_dict"
+        if s.precision not in PRECISIONS:
+            raise SpecError(f"{where}['precision'] (precision.mode): {s.precision!r} is not valid; "
+                            f"valid: {', '.join(PRECISIONS)}.")
+        for key, low in (("accumulation_steps", 1), ("max_nonfinite_steps", 1), ("fp16_growth_interval", 1)):
+            v = getattr(s, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise SpecError(f"{where}[{key!r}]: {v!r} is not valid; it must be an integer >= {low}.")
+        for key, ok, rule in (("grad_clip", lambda v: v >= 0, ">= 0 (0 turns clipping off)"),
+                              ("fp16_init_scale", lambda v: v > 0, "> 0")):
+            v = getattr(s, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
+                raise SpecError(f"{where}[{key!r}]: {v!r} is not valid; it must be a finite number {rule}.")
+        if s.loss_hook is not None:
+            resolve_hook(s.loss_hook)
+        return s
+
+
+def learner_settings(spec: Spec) -> dict:
+    """Spec -> RLlib ``learner_config_dict``: what every learner actor needs to know."""
+    return {
+        "precision": spec.precision.mode,
+        "accumulation_steps": spec.precision.accumulation_steps,
+        "grad_clip": spec.algo.grad_clip,
+        "max_nonfinite_steps": spec.precision.max_nonfinite_steps,
+        "fp16_init_scale": LearnerSettings.fp16_init_scale,
+        "fp16_growth_interval": LearnerSettings.fp16_growth_interval,
+    }
+
+
+def resolve_hook(target: str) -> Callable[..., torch.Tensor]:
+    """Import a loss hook 'module:function' (fault drills and tests inject non-finite losses)."""
+    module, _, name = str(target).partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise SpecError(f"learner_config_dict['loss_hook']: {target!r} cannot be imported ({exc}); give "
+                        "'package.module:function' taking (loss, *, module_id, step) -> loss.") from None
+    if not callable(fn):
+        raise SpecError(f"learner_config_dict['loss_hook']: {target!r} is not callable.")
+    return fn
+
+
+def check_precision(mode: str, device: torch.device | str) -> torch.dtype | None:
+    """The autocast dtype for ``mode`` on ``device``; a clear error where the device cannot do it.
+
+    Autocast silently runs in fp32 where a device lacks a low-precision kernel, so a tiny matmul
+    is run and its dtype checked: a user who asked for bf16 never trains in fp32 unknowingly.
+    """
+    if mode not in PRECISIONS:
+        raise SpecError(f"precision.mode: {mode!r} is not valid; valid: {', '.join(PRECISIONS)}.")
+    if mode == "fp32":
+        return None
+    device = torch.device(device)
+    dtype = _DTYPES[mode]
+    why = ""
+    if not torch.amp.autocast_mode.is_autocast_available(device.type):
+        why = f"torch has no autocast for device type {device.type!r}"
+    elif device.type == "cuda" and mode == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        why = (f"{torch.cuda.get_device_name(device)} has no native bf16 (needs compute capability >= 8.0); "
+               "use fp16 (dynamic loss scaling) or fp32")
     else:
-        from ray.rllib.algorithms.impala.torch.impala_torch_learner import IMPALATorchLearner as L
-    return L
-def learner_settings(spec):
-    return {"precision": spec.precision.mode, "accumulation_steps": spec.precision.accumulation_steps}
+        try:
+            with torch.autocast(device.type, dtype=dtype):
+                x = torch.ones(2, 2, device=device)
+                got = torch.nn.functional.linear(x, x).dtype
+        except RuntimeError as exc:
+            got, why = None, f"autocast failed: {exc}"
+        if got is not None and got != dtype:
+            why = f"autocast on {device.type} ran a matmul in {got}, not {dtype}"
+    if why:
+        raise SpecError(f"precision.mode: {mode!r} is not supported on this learner's device ({device}): "
+                        f"{why}. Choose another precision.mode (valid: {', '.join(PRECISIONS)}) or another "
+                        "device (resources.gpus_per_learner).")
+    return dtype
+
+
+class RayrlTorchLearnerMixin:
+    """Put in front of an RLlib Torch learner; replaces its per-minibatch update (see module doc)."""
+
+    # ---- set-up ---------------------------------------------------------------------------------
+
+    def build(self) -> None:
+        self.rayrl = LearnerSettings.from_config(self.config.learner_config_dict)
+        self._rayrl_hook = resolve_hook(self.rayrl.loss_hook) if self.rayrl.loss_hook else None
+        self._rayrl_scalers: dict[str, torch.amp.GradScaler] = {}
+        self._rayrl_pending = 0          # minibatches whose gradients wait in .grad
+        self._rayrl_minibatches = 0      # minibatches seen by this learner, lifetime (hook's `step`)
+        self._rayrl_loss_bad: dict[str, torch.Tensor] = {}
+        self._rayrl_streak: dict[str, int] = defaultdict(int)
+        self._rayrl_error: NonFiniteTrainingError | None = None
+        super().build()
+        self._rayrl_dtype = check_precision(self.rayrl.precision, self._device)
+        self._rayrl_ddp = self.config.num_learners > 1 and dist.is_available() and dist.is_initialized()
+        self._rayrl_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+    def _rayrl_scaler(self, module_id: str) -> torch.amp.GradScaler:
+        if module_id not in self._rayrl_scalers:
+            self._rayrl_scalers[module_id] = torch.amp.GradScaler(
+                self._device.type, init_scale=self.rayrl.fp16_init_scale,
+                growth_interval=self.rayrl.fp16_growth_interval)
+        return self._rayrl_scalers[module_id]
+
+    # ---- one minibatch --------------------------------------------------------------------------
+
+    def _uncompiled_update(self, batch: dict, **kwargs: Any) -> tuple[Any, Any, Any]:
+        """Forward + loss under autocast, backward of loss / K; every K-th minibatch one step."""
+        s = self.rayrl
+        self._compute_off_policyness(batch)
+        with contextlib.ExitStack() as stack:
+            if self._rayrl_ddp:
+                # Gradients are averaged once per optimizer step in _rayrl_step, not per backward.
+                for mod in self.module.values():
+                    if isinstance(mod, torch.nn.parallel.DistributedDataParallel):
+                        stack.enter_context(mod.no_sync())
+            autocast = (torch.autocast(self._device.type, dtype=self._rayrl_dtype)
+                        if self._rayrl_dtype is not None else contextlib.nullcontext())
+            with autocast:
+                fwd_out = self.module.forward_train(batch)
+                loss_per_module = self.compute_losses(fwd_out=fwd_out, batch=batch)
+            loss_per_module = {mid: loss.float() for mid, loss in loss_per_module.items()}
+            if self._rayrl_hook is not None:
+                loss_per_module = {mid: self._rayrl_hook(loss, module_id=mid, step=self._rayrl_minibatches)
+                                   for mid, loss in loss_per_module.items()}
+            total = None
+            for mid, loss in loss_per_module.items():
+                bad = ~torch.isfinite(loss.detach())
+                self._rayrl_loss_bad[mid] = bad | self._rayrl_loss_bad[mid] if mid in self._rayrl_loss_bad else bad
+                if loss.grad_fn is None:  # all of this module's parameters are frozen
+                    continue
+                term = loss / s.accumulation_steps
+                if s.precision == "fp16":
+                    term = self._rayrl_scaler(mid).scale(term)
+                total = term if total is None else total + term
+            if total is not None:
+                total.backward()
+        self._rayrl_pending += 1
+        self._rayrl_minibatches += 1
+        if self._rayrl_pending >= s.accumulation_steps:
+            self._rayrl_step()
+        return fwd_out, loss_per_module, {}
+
+    def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        # No gradient survives from an earlier update (or from before a set_state / restore).
+        self._rayrl_zero_grad()
+        super().before_gradient_based_update(timesteps=timesteps)
+
+    def after_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        # A partial group at the end of the train batch is stepped now (before APPO's target-net
+        # update), so no gradient from old weights leaks into the next batch.
+        if self._rayrl_pending:
+            self._rayrl_step()
+        super().after_gradient_based_update(timesteps=timesteps)
+
+    # ---- one optimizer step ---------------------------------------------------------------------
+
+    def _rayrl_groups(self) -> dict[str, tuple[list, list]]:
+        groups = {}
+        for mid in self.module.keys():
+            optims = [opt for _, opt in self.get_optimizers_for_module(mid)]
+            params = list({id(p): p for o in optims for g in o.param_groups for p in g["params"]}.values())
+            if optims:
+                groups[mid] = (optims, params)
+        return groups
+
+    def _rayrl_zero_grad(self) -> None:
+        for optim in self._optimizer_parameters:
+            optim.zero_grad(set_to_none=True)
+        self._rayrl_pending = 0
+        self._rayrl_loss_bad = {}
+
+    def _rayrl_allreduce(self, groups: dict[str, tuple[list, list]], loss_bad: dict[str, torch.Tensor]) -> None:
+        """Average gradients over learners and OR the loss flags, in one collective.
+
+        Every rank then holds the same gradients and flags, so all ranks take the same
+        step-or-skip decision and the weights stay identical.
+        """
+        parts, params = [], []
+        for _, ps in groups.values():
+            for p in ps:
+                if p.grad is None:  # unused here: zeros keep the collective the same on every rank
+                    p.grad = torch.zeros_like(p)
+                parts.append(p.grad.reshape(-1))
+                params.append(p)
+        flags = [loss_bad.get(mid, torch.zeros((), dtype=torch.bool, device=self._device)).float().reshape(1)
+                 for mid in groups]
+        buf = torch.cat(parts + flags)
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        n_grad = buf.numel() - len(flags)
+        buf[:n_grad] /= dist.get_world_size()
+        offset = 0
+        for p in params:
+            p.grad.copy_(buf[offset:offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
+        for i, mid in enumerate(groups):
+            loss_bad[mid] = buf[n_grad + i] > 0
+
+    def _rayrl_step(self) -> None:
+        """Unscale, check, clip and step each module; skip (and count) a non-finite step."""
+        s = self.rayrl
+        n, loss_bad = self._rayrl_pending, dict(self._rayrl_loss_bad)
+        groups = self._rayrl_groups()
+        if self._rayrl_ddp:
+            self._rayrl_allreduce(groups, loss_bad)
+        for mid, (optims, params) in groups.items():
+            grads = [p.grad for p in params if p.grad is not None]
+            if not grads:
+                continue
+            if n < s.accumulation_steps:  # partial group: the mean over the n minibatches it has
+                torch._foreach_mul_(grads, s.accumulation_steps / n)
+            scaler = self._rayrl_scaler(mid) if s.precision == "fp16" else None
+            if scaler is not None:
+                for optim in optims:
+                    scaler.unscale_(optim)
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads]))
+            bad = loss_bad.get(mid, torch.zeros((), dtype=torch.bool, device=norm.device))
+            bad_value, norm_value = torch.stack([bad.float(), norm.float()]).tolist()  # one device sync
+            loss_ok = bad_value == 0.0
+            outcome = OPTIMIZER_STEPS
+            if True:
+                if s.grad_clip > 0:
+                    torch.nn.utils.clip_grads_with_norm_(params, s.grad_clip, norm)
+                for optim in optims:
+                    optim.step()
+                if scaler is not None:
+                    scaler.update()
+                self._rayrl_streak[mid] = 0
+                self.metrics.log_value((mid, GRAD_NORM), norm_value, window=1)
+            elif scaler is not None and loss_ok and scaler.get_scale() > 1.0:
+                # Overflow of the scaled gradients: the scaler's business (skip + back off).
+                scaler.update()
+                outcome = OVERFLOW_STEPS
+            else:
+                if scaler is not None:  # keep the scale; only clear the scaler's per-step state
+                    scaler.update(new_scale=scaler.get_scale())
+                self._rayrl_streak[mid] += 1
+                outcome = NONFINITE_STEPS
+            self._rayrl_count(mid, outcome)
+            if scaler is not None:
+                self.metrics.log_value((mid, LOSS_SCALE), scaler.get_scale(), window=1)
+            if self._rayrl_streak[mid] >= s.max_nonfinite_steps:
+                self._rayrl_fail(self._rayrl_message(mid, loss_ok, norm_value))
+        self._rayrl_zero_grad()
+
+    def _rayrl_count(self, module_id: str, outcome: str) -> None:
+        """Count the step's outcome; zeros for the others keep every key present in results."""
+        # Every rank takes the same decision; only rank 0 counts, so the sum over learners is right.
+        if self._rayrl_rank != 0:
+            return
+        for key, reduce in ((OPTIMIZER_STEPS, "sum"), (OVERFLOW_STEPS, "lifetime_sum"),
+                            (NONFINITE_STEPS, "lifetime_sum")):
+            self.metrics.log_value((module_id, key), int(key == outcome), reduce=reduce)
+
+    def _rayrl_message(self, module_id: str, loss_ok: bool, norm: float) -> str:
+        s = self.rayrl
+        what = f"gradient norm {norm}" if loss_ok else "loss"
+        fp16 = "; with fp16, activations may overflow in the forward pass (try bf16)" if s.precision == "fp16" else ""
+        return (f"rayrl learner: {self._rayrl_streak[module_id]} consecutive optimizer steps of module "
+                f"{module_id!r} had a non-finite (NaN/Inf) loss or gradient norm (last: non-finite {what}); each "
+                f"was skipped with the weights left unchanged. Likely causes: the learning rate is too high "
+                f"(lr={self.config.lr}), the reward scale is too large (normalise or clip rewards), or gradient "
+                f"clipping is missing (algo.grad_clip={s.grad_clip}; 0 is off, rayrl's default is 1.0){fp16}. "
+                f"The trial fails now (precision.max_nonfinite_steps={s.max_nonfinite_steps}) so Tune's retry "
+                f"restores the last good checkpoint.")
+
+    def _rayrl_fail(self, message: str) -> None:
+        self._rayrl_error = NonFiniteTrainingError(message)
+        raise self._rayrl_error
+
+    # ---- checkpoints: the fp16 loss scale survives a restore ------------------------------------
+
+    def get_state(self, *args: Any, **kwargs: Any) -> dict:
+        state = super().get_state(*args, **kwargs)
+        if self._rayrl_scalers:
+            state["rayrl_grad_scalers"] = {mid: sc.state_dict() for mid, sc in self._rayrl_scalers.items()}
+        return state
+
+    def set_state(self, state: dict) -> None:
+        state = dict(state)
+        scalers = state.pop("rayrl_grad_scalers", None) or {}
+        super().set_state(state)
+        for mid, sd in scalers.items():
+            self._rayrl_scaler(mid).load_state_dict(sd)
+
+
+class _AsyncGuardMixin:
+    """IMPALA/APPO update in a learner thread: a failure there must reach the caller, not hang it."""
+
+    def _rayrl_fail(self, message: str) -> None:
+        # Raising in the learner thread would kill it and leave `update()` waiting forever on the
+        # aggregation event; record the error, wake the waiter, raise from `update()` instead.
+        self._rayrl_error = NonFiniteTrainingError(message)
+        event = getattr(self, "_agg_event", None)
+        if event is not None:
+            event.set()
+
+    def _uncompiled_update(self, batch: dict, **kwargs: Any) -> tuple[Any, Any, Any]:
+        if self._rayrl_error is not None:  # failed: learn nothing more until the trial is torn down
+            return {}, {}, {}
+        return super()._uncompiled_update(batch, **kwargs)
+
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        if self._rayrl_error is not None:
+            raise self._rayrl_error
+        result = super().update(*args, **kwargs)
+        if self._rayrl_error is not None:
+            raise self._rayrl_error
+        return result
+
+
+class RayrlPPOLearner(RayrlTorchLearnerMixin, PPOTorchLearner):
+    """PPO with rayrl's precision, accumulation, clipping and non-finite guard."""
+
+
+class RayrlAPPOLearner(_AsyncGuardMixin, RayrlTorchLearnerMixin, APPOTorchLearner):
+    """APPO with rayrl's learner additions (target-net update after the last step of a batch)."""
+
+
+class RayrlIMPALALearner(_AsyncGuardMixin, RayrlTorchLearnerMixin, IMPALATorchLearner):
+    """IMPALA with rayrl's learner additions."""
+
+
+_LEARNERS = {"PPO": RayrlPPOLearner, "APPO": RayrlAPPOLearner, "IMPALA": RayrlIMPALALearner}
+
+
+def learner_class(name: str) -> type:
+    """The rayrl learner for RLlib algorithm ``name`` (module-level, so learner actors unpickle it)."""
+    if name not in _LEARNERS:
+        raise SpecError(f"algo.name: {name!r} has no rayrl learner; valid: {', '.join(_LEARNERS)}.")
+    return _LEARNERS[name]

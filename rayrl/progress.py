@@ -52,7 +52,11 @@ def history_row(result: dict, trial_id: str, phase: str, batch_size: Any, lr: An
 
 def trial_batch_lr(trial: Any) -> tuple[Any, Any]:
     """The batch size and lr a trial runs with, from its (RLlib) config."""
-    config = getattr(trial, "config", {}) or {}
+    return config_batch_lr(getattr(trial, "config", {}) or {})
+
+
+def config_batch_lr(config: dict) -> tuple[Any, Any]:
+    """(train batch per learner, lr) of an RLlib config dict, whichever spelling it carries."""
     batch = config.get("train_batch_size_per_learner", config.get("_train_batch_size_per_learner"))
     return batch, config.get("lr")
 
@@ -87,6 +91,9 @@ class ProgressPrinter(Callback):
         self.show_config = show_config
         self.stream = stream
         self._start = time.monotonic()
+
+    def setup(self, **info: Any) -> None:
+        self._start = time.monotonic()  # also after a resume: time since this process began
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         get = lambda key: _num(keys.lookup(result, key))  # noqa: E731

@@ -31,7 +31,8 @@ def stop_criteria(spec: Spec) -> dict[str, float]:
 
 def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", subdir: str = "tune",
                param_space: Any = None, tune_config: Any = None, stop: Any = None,
-               extra_callbacks: list | None = None, verbose_label: str = "train") -> Any:
+               extra_callbacks: list | None = None, verbose_label: str = "train",
+               checkpoints: bool = True) -> Any:
     """A Tuner for ``spec`` (or resumed from ``paths`` when an experiment is already there)."""
     from ray import tune
 
@@ -47,12 +48,14 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
         name=subdir,
         storage_path=_join(paths.storage, paths.name),
         stop=stop if stop is not None else stop_criteria(spec),
+        # Measurement-only trials (phase 1) keep no checkpoints and are not retried: a failing rung
+        # is a finding (the ladder ends there), not an accident.
         checkpoint_config=tune.CheckpointConfig(
             num_to_keep=spec.checkpoint.keep,
-            checkpoint_frequency=spec.checkpoint.every,
-            checkpoint_at_end=True,
+            checkpoint_frequency=spec.checkpoint.every if checkpoints else 0,
+            checkpoint_at_end=checkpoints,
         ),
-        failure_config=tune.FailureConfig(max_failures=spec.checkpoint.max_failures),
+        failure_config=tune.FailureConfig(max_failures=spec.checkpoint.max_failures if checkpoints else 0),
         callbacks=[ProgressPrinter(verbose_label, show_config=phase != "train"),
                    HistoryWriter(paths.run_dir / "history.csv", phase), *(extra_callbacks or [])],
         verbose=0,

@@ -1,0 +1,233 @@
+"""Read a run folder (``{storage}/{name}/``) into pandas, or say clearly what is wrong with it.
+
+The report, the doctor and the notebooks all read runs through :func:`load`, so the run folder
+contract (see docs/observability.md) is checked in one place. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from rayrl import cost, keys
+
+DOUBLING_COLUMNS = ("batch_size", "env_steps_per_s", "gain", "decision")
+DECISIONS = ("expand", "stop", "cap", "failed")
+TRIALS_COLUMNS = ("trial_id", "batch_size", "lr", "env_steps", "episode_return_mean", "status")
+STRING_COLUMNS = ("trial_id", "phase", "backend", "precision", "decision", "status")
+
+
+class RunFolderError(Exception):
+    """A run folder is missing or damaged; the message names the file, the problem and the fix."""
+
+
+@dataclass
+class RunFolder:
+    """One run's files, parsed. ``kind`` is "sweep" or "train"."""
+
+    path: Path
+    kind: str
+    spec: dict
+    history: pd.DataFrame
+    summary: dict = field(default_factory=dict)
+    doubling: pd.DataFrame | None = None
+    trials: pd.DataFrame | None = None
+    best_config: dict | None = None
+    drill: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def prices(self) -> cost.CostSpec:
+        """The spec's prices (defaults where the spec has no cost section)."""
+        try:
+            return cost.prices_from(self.spec.get("cost"))
+        except ValueError as exc:
+            raise RunFolderError(f"{self.path / 'spec.yaml'}: {exc}") from None
+
+    @property
+    def resources(self) -> cost.TrialResources:
+        """Resources one trial holds: summary.json's ``resources`` if written, else from the spec."""
+        res = self.summary.get("resources") or {}
+        if "gpus_per_trial" in res and "cpus_per_trial" in res:
+            return cost.TrialResources(gpus=float(res["gpus_per_trial"]), cpus=float(res["cpus_per_trial"]))
+        return cost.trial_resources(self.spec.get("resources") or {})
+
+    @property
+    def target_return(self) -> float | None:
+        """The spec's stop.episode_return (the reward acceptance target), or None."""
+        value = (self.spec.get("stop") or {}).get("episode_return", 450.0)
+        return None if value is None else float(value)
+
+
+def load(path: str | Path) -> RunFolder:
+    """Parse and check a run folder; raise :class:`RunFolderError` naming what is wrong."""
+    root = Path(path)
+    if not root.exists():
+        raise RunFolderError(f"{root}: no such run folder. Give the folder a sweep or `rayrl train` wrote, "
+                             "i.e. {storage}/{name} (default storage: ./runs).")
+    if not root.is_dir():
+        raise RunFolderError(f"{root}: is a file, not a run folder; give the folder {{storage}}/{{name}}.")
+    spec = _read_yaml(root / "spec.yaml", required=True)
+    summary = _read_json(root / "summary.json", required=False)
+    kind = summary.get("kind") if summary else None
+    if kind is None:
+        kind = "sweep" if (root / "doubling.csv").exists() else "train"
+    if kind not in ("sweep", "train"):
+        raise RunFolderError(f"{root / 'summary.json'}: kind {kind!r} is unknown; expected 'sweep' or 'train'.")
+    notes: list[str] = []
+    run = RunFolder(path=root, kind=kind, spec=spec, summary=summary or {},
+                    history=_read_csv(root / "history.csv", keys.HISTORY_COLUMNS), notes=notes)
+    if kind == "sweep":
+        if not summary:
+            raise RunFolderError(f"{root / 'summary.json'}: missing; the sweep did not finish (or crashed before "
+                                 "writing it). Run the same sweep command again to resume it.")
+        for needed in ("knee_batch_size", "best"):
+            if needed not in summary:
+                raise RunFolderError(f"{root / 'summary.json'}: has no {needed!r}; a sweep's summary names the "
+                                     "knee batch size and the best trial. The file is damaged or from another tool.")
+        run.doubling = _read_csv(root / "doubling.csv", DOUBLING_COLUMNS)
+        bad = sorted(set(run.doubling["decision"].dropna()) - set(DECISIONS))
+        if bad or run.doubling["decision"].isna().any():
+            raise RunFolderError(f"{root / 'doubling.csv'}: decision {bad or ['(empty)']} is not one of "
+                                 f"{', '.join(DECISIONS)}; the file is damaged.")
+        run.trials = _read_csv(root / "trials.csv", TRIALS_COLUMNS, allow_empty=True)
+        run.best_config = _read_yaml(root / "best_config.yaml", required=False) or None
+        if run.best_config is None:
+            notes.append("best_config.yaml is missing: no phase-2 trial finished.")
+    elif not summary:
+        notes.append("summary.json is missing: the run is still going or stopped before finishing.")
+    run.drill = _read_drill(root / "drill.json")
+    return run
+
+
+def best_trial_id(run: RunFolder) -> str | None:
+    """The phase-2 trial summary.json names best (matched on batch size and lr), else the top return."""
+    trials = run.trials
+    if trials is None or trials.empty:
+        return None
+    best = run.summary.get("best") or {}
+    if "batch_size" in best and "lr" in best:
+        match = trials[(trials["batch_size"] == best["batch_size"])]
+        if not match.empty:
+            gap = (match["lr"] - float(best["lr"])).abs()
+            row = match.loc[gap.idxmin()]
+            if math.isclose(float(row["lr"]), float(best["lr"]), rel_tol=1e-6, abs_tol=1e-12):
+                return str(row["trial_id"])
+    ranked = trials.dropna(subset=["episode_return_mean"])
+    if ranked.empty:
+        return None
+    return str(ranked.loc[ranked["episode_return_mean"].idxmax(), "trial_id"])
+
+
+def subject_history(run: RunFolder) -> pd.DataFrame:
+    """The rows the acceptance checks judge: a train run's history, or a sweep's best trial."""
+    h = run.history
+    if run.kind == "train":
+        return h.sort_values(keys.ITERATION, kind="stable").reset_index(drop=True)
+    trial = best_trial_id(run)
+    if trial is None:
+        return h.iloc[0:0]
+    return h[h["trial_id"] == trial].sort_values(keys.ITERATION, kind="stable").reset_index(drop=True)
+
+
+def knee_batch(run: RunFolder) -> int | None:
+    """The knee of the doubling ladder: summary.json's figure, else the ladder's last paying rung."""
+    if run.summary.get("knee_batch_size") is not None:
+        return int(run.summary["knee_batch_size"])
+    return ladder_knee(run.doubling) if run.doubling is not None else None
+
+
+def ladder_knee(doubling: pd.DataFrame) -> int | None:
+    """The last rung before the first 'stop' or 'failed' (a 'cap' rung is itself the knee)."""
+    knee = None
+    for _, row in doubling.iterrows():
+        if row["decision"] in ("stop", "failed"):
+            break
+        knee = int(row["batch_size"])
+    return knee
+
+
+def _read_yaml(path: Path, required: bool) -> dict:
+    if not path.exists():
+        if required:
+            raise RunFolderError(f"{path}: missing; every run folder has the resolved spec.yaml. This is not a "
+                                 "run folder, or the run crashed before it started.")
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise RunFolderError(f"{path}: is not valid YAML ({' '.join(str(exc).split())[:200]}); the file is "
+                             "damaged.") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RunFolderError(f"{path}: holds {type(data).__name__}, not a mapping; the file is damaged.")
+    return data
+
+
+def _read_json(path: Path, required: bool) -> dict:
+    if not path.exists():
+        if required:
+            raise RunFolderError(f"{path}: missing.")
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RunFolderError(f"{path}: is not valid JSON ({exc}); the file is damaged or was cut short.") from None
+    if not isinstance(data, dict):
+        raise RunFolderError(f"{path}: holds {type(data).__name__}, not a JSON object; the file is damaged.")
+    return data
+
+
+def _read_csv(path: Path, columns: tuple[str, ...], allow_empty: bool = False) -> pd.DataFrame:
+    if not path.exists():
+        raise RunFolderError(f"{path}: missing; a run folder of this kind has it. The run crashed before "
+                             "writing it, or files were removed.")
+    try:
+        df = pd.read_csv(path, dtype={c: "string" for c in STRING_COLUMNS if c in columns})
+    except pd.errors.EmptyDataError:
+        raise RunFolderError(f"{path}: is empty (no header); the file is damaged.") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise RunFolderError(f"{path}: is not a readable CSV ({' '.join(str(exc).split())[:200]}); the file is "
+                             "damaged.") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise RunFolderError(f"{path}: lacks column(s) {', '.join(missing)}; expected {', '.join(columns)}. The "
+                             "file is damaged or from another version of rayrl.")
+    if df.empty and not allow_empty:
+        raise RunFolderError(f"{path}: has a header but no rows; the run reported no iteration yet.")
+    for c in columns:
+        if c not in STRING_COLUMNS:
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df
+
+
+def _read_drill(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    data = _read_json(path, required=True)
+    drills = data.get("drills")
+    rate = data.get("restore_rate")
+    if not isinstance(drills, list) or not all(isinstance(d, dict) for d in drills):
+        raise RunFolderError(f"{path}: 'drills' is not a list of objects; the file is damaged.")
+    for i, d in enumerate(drills):
+        if d.get("outcome") not in ("recovered", "failed") or not _is_number(d.get("recovery_s", 0)):
+            raise RunFolderError(f"{path}: drills[{i}] = {d!r} needs outcome 'recovered' or 'failed' and a "
+                                 "numeric recovery_s; the file is damaged.")
+    if rate is not None and (not _is_number(rate) or not 0.0 <= float(rate) <= 1.0):
+        raise RunFolderError(f"{path}: restore_rate {rate!r} is not a fraction 0..1; the file is damaged.")
+    return data
+
+
+def _is_number(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))

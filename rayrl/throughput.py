@@ -1,0 +1,95 @@
+"""The doubling rule as pure functions over a measured ladder (no Ray here).
+
+Start at ``start``, multiply by ``factor``; stop growing when a doubling gains less than
+``min_gain`` in env steps/s, at ``cap``, or when a rung fails. The knee is the last rung whose
+doubling paid off: the largest batch worth its cost in throughput.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+EXPAND, STOP, CAP, FAILED = "expand", "stop", "cap", "failed"
+DOUBLING_COLUMNS = ("batch_size", "env_steps_per_s", "gain", "decision")
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One measured rung: ``env_steps_per_s`` is None when the rung failed (OOM, error)."""
+
+    batch_size: int
+    env_steps_per_s: float | None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of doubling.csv: the decision taken after measuring this rung."""
+
+    batch_size: int
+    env_steps_per_s: float | None
+    gain: float | None
+    decision: str
+
+
+def rung_throughput(per_iteration: Sequence[float], warmup: int, measure: int) -> float | None:
+    """Median env steps/s of the ``measure`` iterations after ``warmup``; None if too few ran."""
+    measured = [x for x in per_iteration[warmup:warmup + measure] if x is not None and math.isfinite(x)]
+    if len(measured) < measure or measure < 1:
+        return None
+    return float(statistics.median(measured))
+
+
+def decide(rungs: Sequence[Rung], *, factor: int, cap: int, min_gain: float) -> list[Row]:
+    """The decision after each rung; the ladder ends at the first non-``expand`` row."""
+    rows: list[Row] = []
+    prev: float | None = None
+    for rung in rungs:
+        if rung.env_steps_per_s is None:
+            rows.append(Row(rung.batch_size, None, None, FAILED))
+            break
+        gain = None if prev is None else (rung.env_steps_per_s / prev - 1.0 if prev > 0 else math.inf)
+        if gain is not None and gain < min_gain:
+            decision = STOP
+        elif rung.batch_size * factor > cap:
+            decision = CAP
+        else:
+            decision = EXPAND
+        rows.append(Row(rung.batch_size, rung.env_steps_per_s, gain, decision))
+        if decision != EXPAND:
+            break
+        prev = rung.env_steps_per_s
+    return rows
+
+
+def next_batch(rungs: Sequence[Rung], *, start: int, factor: int, cap: int, min_gain: float) -> int | None:
+    """The batch of the next rung to measure, or None when the ladder is finished."""
+    if not rungs:
+        return start if start <= cap else None
+    rows = decide(rungs, factor=factor, cap=cap, min_gain=min_gain)
+    if len(rows) < len(rungs) or rows[-1].decision != EXPAND:
+        return None
+    return rows[-1].batch_size * factor
+
+
+def knee(rows: Sequence[Row]) -> int | None:
+    """The last rung whose doubling paid off (None when the first rung failed)."""
+    best = None
+    for row in rows:
+        if row.decision in (EXPAND, CAP):
+            best = row.batch_size
+    return best
+
+
+def admissible(rows: Sequence[Row]) -> list[int]:
+    """The batch sizes phase 2 may search: measured rungs up to and including the knee."""
+    k = knee(rows)
+    return [r.batch_size for r in rows if k is not None and r.env_steps_per_s is not None and r.batch_size <= k]
+
+
+def minibatch_for(batch: int, base_batch: int, base_minibatch: int) -> int:
+    """Keep the number of minibatches per epoch constant across rungs (minibatch scales with batch)."""
+    per_epoch = max(1, round(base_batch / base_minibatch))
+    return max(1, batch // per_epoch)
