@@ -82,6 +82,9 @@ def validate_launcher(config: dict) -> list[str]:
     if not isinstance(provider, dict) or not isinstance(provider.get("type"), str):
         return ["provider.type: missing; name the cloud (provider: {type: aws, region: ...}), or give "
                 "apiVersion and kind for a KubeRay manifest."]
+    if provider["type"] == "local" and (written := sorted(LOCAL_BUILT_KEYS & set(config))):
+        return [f"{key}: not allowed with provider local (Ray builds the single on-premise node type itself); "
+                "remove it and list the machines in provider.head_ip and provider.worker_ips." for key in written]
     problems, prepared = _ray_checks(config)
     if prepared is None:
         return problems
@@ -186,12 +189,18 @@ def _image_version_problem(key: str, image: Any, ray_version: str) -> str | None
 
 
 def image_ray_version(image: str) -> str | None:
-    """The Ray version an image tag names: 'rayproject/ray:2.60.0-py311-gpu' -> '2.60.0'."""
+    """The Ray version an image tag names: 'rayproject/ray:2.60.0-py311-gpu' -> '2.60.0'.
+
+    Ray's own images (ray, ray-ml, ray-llm) start the tag with it; other images must say
+    ``ray2.60.0`` somewhere in the tag (e.g. 'acme/rayrl:0.1.0-ray2.60.0-gpu').
+    """
     last = image.rsplit("/", 1)[-1]
     if "@" in last or ":" not in last:
         return None
-    tag = last.split(":", 1)[1]
-    match = re.match(r"(\d+\.\d+\.\d+)(?![\d.])", tag) or re.search(r"ray-?(\d+\.\d+\.\d+)(?![\d.])", tag)
+    repo, tag = last.split(":", 1)
+    match = re.search(r"ray-?(\d+\.\d+\.\d+)(?![\d.])", tag)
+    if match is None and repo in ("ray", "ray-ml", "ray-llm"):   # rayproject images: the tag starts with it
+        match = re.match(r"(\d+\.\d+\.\d+)(?![\d.])", tag)
     return match.group(1) if match else None
 
 
