@@ -283,7 +283,7 @@ class RayrlTorchLearnerMixin:
             bad_value, norm_value = torch.stack([bad.float(), norm.float()]).tolist()  # one device sync
             loss_ok = bad_value == 0.0
             outcome = OPTIMIZER_STEPS
-            if True:
+            if loss_ok and math.isfinite(norm_value):
                 if s.grad_clip > 0:
                     torch.nn.utils.clip_grads_with_norm_(params, s.grad_clip, norm)
                 for optim in optims:
@@ -292,7 +292,7 @@ class RayrlTorchLearnerMixin:
                     scaler.update()
                 self._rayrl_streak[mid] = 0
                 self.metrics.log_value((mid, GRAD_NORM), norm_value, window=1)
-            elif scaler is not None and loss_ok and scaler.get_scale() > 1.0:
+            elif scaler is not None and loss_ok:
                 # Overflow of the scaled gradients: the scaler's business (skip + back off).
                 scaler.update()
                 outcome = OVERFLOW_STEPS

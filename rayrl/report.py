@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import io
 import math
+import numbers
 import os
 import sys
 import textwrap
@@ -160,12 +161,13 @@ def loss_spikes(loss: Sequence[float], k: float = 6.0, window: int = 5) -> list[
 def check_loss(losses: dict[str, Sequence[float]], t: Thresholds = Thresholds(), window: int = 5) -> Check:
     """No loss spike (see :func:`loss_spikes`) in any judged trial's loss curve."""
     name, thr = "loss without spikes", f"0 points > rolling median + {t.loss_spike_k:g} MAD"
-    usable = {tid: v for tid, v in losses.items() if _finite(v).size >= window}
+    reported = {tid: int(pd.Series(list(v), dtype=float).notna().sum()) for tid, v in losses.items()}
+    usable = {tid: v for tid, v in losses.items() if reported[tid] >= window}
     if not usable:
         return Check("training", name, thr, f"fewer than {window} loss points", NA)
     found = {tid: loss_spikes(v, t.loss_spike_k, window) for tid, v in usable.items()}
     n = sum(len(s) for s in found.values())
-    points = sum(_finite(v).size for v in usable.values())
+    points = sum(reported[tid] for tid in usable)
     where = "; ".join(f"{tid}: points {s}" for tid, s in found.items() if s)
     return Check("training", name, thr, f"{n} spikes in {points} points" + (f" ({where})" if where else ""),
                  PASS if n == 0 else FAIL)
@@ -374,6 +376,8 @@ def plot_doubling(run: RunFolder, ax: Any = None) -> Any:
     if knee is not None:
         ax.axvline(knee, color="tab:green", ls="--", label=f"knee {knee}")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(list(d["batch_size"]), [str(int(b)) for b in d["batch_size"]])
+    ax.margins(x=0.1, y=0.15)
     ax.set_xlabel("train batch per learner (env steps)")
     ax.set_ylabel("env steps / s")
     ax.set_title("Doubling ladder (the 15% rule)")
@@ -469,9 +473,9 @@ def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
 
 
 def _fmt(v: Any, spec: str = ",.4g") -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "-"
-    return format(v, spec) if isinstance(v, (int, float)) else str(v)
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        return format(v, spec) if math.isfinite(v) else "-"
+    return "-" if v is None or v is pd.NA else str(v)
 
 
 def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseline: RunFolder | None = None) -> str:
@@ -483,8 +487,8 @@ def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseli
             ("algorithm", (run.spec.get("algo") or {}).get("name", "-"))]
     if run.kind == "sweep":
         best = s.get("best") or {}
-        rows += [("knee batch size", _fmt(s.get("knee_batch_size"))),
-                 ("best", f"batch {_fmt(best.get('batch_size'))}, lr {_fmt(best.get('lr'), '.3g')}, return "
+        rows += [("knee batch size", _fmt(s.get("knee_batch_size"), "d")),
+                 ("best", f"batch {_fmt(best.get('batch_size'), 'd')}, lr {_fmt(best.get('lr'), '.3g')}, return "
                           f"{_fmt(best.get('episode_return_mean'), '.1f')}"),
                  ("trials", _fmt(s.get("trials"))), ("stopped early", _fmt(s.get("stopped_early")))]
     rows += [("env steps", _fmt(s.get("env_steps_total", s.get("env_steps")), ",.0f")),

@@ -202,6 +202,11 @@ def _convert(path: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
     if _is_spec(tp):
         return _build(tp, value, path)
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string; accept what float() does
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpecError(f"{path}: {value!r} is not a number; expected {_describe(tp)}.")
         value = float(value)
@@ -232,7 +237,8 @@ def _convert(path: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
 
 def _check_range(path: str, value: Any, meta: Mapping[str, Any]) -> None:
     if "choices" in meta and value not in meta["choices"]:
-        near = difflib.get_close_matches(str(value), meta["choices"], n=1, cutoff=0.4)
+        near = [c for c in meta["choices"] if c.lower() == str(value).lower()] or \
+            difflib.get_close_matches(str(value), meta["choices"], n=1, cutoff=0.4)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise SpecError(f"{path}: {value!r} is not valid{hint}; valid: {', '.join(meta['choices'])}.")
     bounds = [("min", ">=", lambda v, b: v >= b), ("ge", ">=", lambda v, b: v >= b),

@@ -51,7 +51,7 @@ def decide(rungs: Sequence[Rung], *, factor: int, cap: int, min_gain: float) -> 
             rows.append(Row(rung.batch_size, None, None, FAILED))
             break
         gain = None if prev is None else (rung.env_steps_per_s / prev - 1.0 if prev > 0 else math.inf)
-        if gain is not None and gain < min_gain:
+        if gain is not None and gain < min_gain - 1e-9:  # a gain of exactly min_gain still pays
             decision = STOP
         elif rung.batch_size * factor > cap:
             decision = CAP
