@@ -443,6 +443,8 @@ def plot_training(history: pd.DataFrame, title: str = "Training") -> Any:
                     ax.plot(g[keys.TIME_TOTAL], g[col], ".-", label=f"{col} {tid}" if many else col)
         ax.set_xlabel("time (s)")
         ax.set_ylabel(ylabel)
+        if cols[0] == "cpu_util":
+            ax.set_ylim(0, 1.05)
         if ax.lines:
             ax.legend(fontsize=7)
     return fig
