@@ -292,7 +292,7 @@ class RayrlTorchLearnerMixin:
                     scaler.update()
                 self._rayrl_streak[mid] = 0
                 self.metrics.log_value((mid, GRAD_NORM), norm_value, window=1)
-            elif scaler is not None and loss_ok:
+            elif scaler is not None and loss_ok and scaler.get_scale() > 1.0:
                 # Overflow of the scaled gradients: the scaler's business (skip + back off).
                 scaler.update()
                 outcome = OVERFLOW_STEPS
