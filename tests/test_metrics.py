@@ -1,0 +1,309 @@
+"""Hardware sampling, the gauges, and (slow) the figures in Ray's Prometheus export."""
+
+from __future__ import annotations
+
+import math
+import re
+import socket
+import time
+import urllib.request
+from collections import namedtuple
+from types import SimpleNamespace
+
+import pytest
+
+from rayrl import keys, metrics
+from rayrl.cost import TrialResources
+
+# ---------------------------------------------------------------------------------------------
+# Fakes for psutil and NVML: the sampler's arithmetic without depending on this machine
+
+CpuTimes = namedtuple("CpuTimes", "user nice system idle iowait irq softirq steal guest guest_nice")
+Nic = namedtuple("Nic", "bytes_sent bytes_recv")
+IfStats = namedtuple("IfStats", "isup duplex speed mtu flags")
+
+
+class FakePsutil:
+    def __init__(self):
+        self.cpu = CpuTimes(100, 0, 0, 100, 0, 0, 0, 0, 0, 0)
+        self.nics = {"eth0": Nic(0, 0), "lo": Nic(0, 0), "wlan0": Nic(0, 0)}
+        self.stats = {"eth0": IfStats(True, 2, 1000, 1500, "up"), "lo": IfStats(True, 0, 0, 65536, "up,loopback"),
+                      "wlan0": IfStats(True, 0, 0, 1500, "up")}  # speed unknown
+
+    def cpu_times(self):
+        return self.cpu
+
+    def virtual_memory(self):
+        return SimpleNamespace(percent=42.0)
+
+    def net_io_counters(self, pernic=False):
+        return dict(self.nics)
+
+    def net_if_stats(self):
+        return dict(self.stats)
+
+
+class FakeNvml:
+    def __init__(self, util=(90, 50), mem=((30, 100), (80, 100))):
+        self.util, self.mem, self.inits = util, mem, 0
+
+    def nvmlInit(self):
+        self.inits += 1
+
+    def nvmlDeviceGetCount(self):
+        return len(self.util)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=self.util[h])
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        used, total = self.mem[h]
+        return SimpleNamespace(used=used, total=total)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_sampler_arithmetic_with_fake_hardware():
+    ps, clock, nvml = FakePsutil(), Clock(), FakeNvml()
+    s = metrics.HardwareSampler(nvml=nvml, psutil_module=ps, clock=clock)
+    # 2 s later: 300 of 400 new CPU-seconds busy; eth0 (1 Gbit/s) sent 50 MB, received 10 MB.
+    ps.cpu = CpuTimes(400, 0, 0, 200, 0, 0, 0, 0, 0, 0)
+    ps.nics = {"eth0": Nic(50_000_000, 10_000_000), "lo": Nic(10**12, 10**12), "wlan0": Nic(10**9, 0)}
+    clock.t = 2.0
+    out = s.sample()
+    assert set(out) == set(metrics.HARDWARE_FIELDS)
+    assert out["cpu_util"] == pytest.approx(0.75)
+    assert out["mem_util"] == pytest.approx(0.42)
+    assert out["net_util"] == pytest.approx(25_000_000 * 8 / 1e9)  # 0.2 of the link; lo, unknown speed ignored
+    assert out["gpu_util"] == pytest.approx(0.70)                    # mean of 90% and 50%
+    assert out["gpu_mem_util"] == pytest.approx(0.80)                # the fuller GPU
+    s.sample()
+    assert nvml.inits == 1  # NVML opened once per sampler
+
+
+def test_sampler_reports_nan_when_unknown():
+    ps = FakePsutil()
+    ps.stats = {"wlan0": IfStats(True, 0, 0, 1500, "up")}
+    broken = FakeNvml()
+    broken.nvmlInit = lambda: (_ for _ in ()).throw(RuntimeError("NVML Shared Library Not Found"))
+    out = metrics.HardwareSampler(nvml=broken, psutil_module=ps, clock=Clock()).sample()
+    assert math.isnan(out["net_util"]) and math.isnan(out["gpu_util"]) and math.isnan(out["gpu_mem_util"])
+    assert math.isnan(out["cpu_util"])  # no CPU time passed
+
+
+def test_sampler_on_this_machine_gives_fractions_or_nan():
+    out = metrics.hardware_sample()
+    assert 0.0 <= out["cpu_util"] <= 1.0 and 0.0 < out["mem_util"] < 1.0
+    for key in ("gpu_util", "gpu_mem_util", "net_util"):
+        assert math.isnan(out[key]) or 0.0 <= out[key] <= 10.0
+
+
+def test_visible_gpus_follow_cuda_visible_devices():
+    assert metrics.visible_gpus(4, {}) == [0, 1, 2, 3]
+    assert metrics.visible_gpus(4, {"CUDA_VISIBLE_DEVICES": "2,3"}) == [2, 3]
+    assert metrics.visible_gpus(4, {"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert metrics.visible_gpus(2, {"CUDA_VISIBLE_DEVICES": "GPU-1f2e"}) == [0, 1]
+
+
+class FakeGauge:
+    def __init__(self, name, description="", tag_keys=()):
+        self.name, self.tag_keys, self.values, self.tags = name, tag_keys, [], {}
+
+    def set_default_tags(self, tags):
+        self.tags = tags
+        return self
+
+    def set(self, value):
+        assert isinstance(value, float)
+        self.values.append(value)
+
+
+def test_publisher_sets_finite_numbers_tagged_by_experiment_and_trial():
+    made = []
+    p = metrics.Publisher("exp", "t1", gauge=lambda *a, **k: made.append(FakeGauge(*a, **k)) or made[-1])
+    result = {"env_runners": {"episode_return_mean": 37.5},
+              "rayrl": {"env_steps_per_s": 1234.0, "global_batch": 512, "nonfinite_steps": 0.0,
+                        "loss_scale": math.nan, "cpu_util": 0.5, "backend": "none"}}
+    published = p.publish(result)
+    assert published == {keys.ENV_STEPS_PER_S: 1234.0, keys.GLOBAL_BATCH: 512.0, keys.EPISODE_RETURN: 37.5,
+                         keys.NONFINITE_STEPS: 0.0, keys.CPU_UTIL: 0.5}
+    by_name = {g.name: g for g in made}
+    assert len(by_name) == len(metrics.GAUGES) and all(g.tags == {"experiment": "exp", "trial": "t1"} for g in made)
+    assert by_name["rayrl_env_steps_per_s"].values == [1234.0] and by_name["rayrl_loss_scale"].values == []
+
+
+def fake_algorithm(trial_info=None, learner_config_dict=None, trial_resources=None):
+    config = SimpleNamespace(num_learners=0, num_cpus_per_learner="auto", num_gpus_per_learner=0,
+                             num_cpus_for_main_process=1, num_env_runners=2, num_cpus_per_env_runner=1,
+                             learner_config_dict=learner_config_dict or {})
+    return SimpleNamespace(config=config, _trial_info=trial_info, trial_id="default", trial_resources=trial_resources)
+
+
+def test_trial_tags_inside_and_outside_tune():
+    info = SimpleNamespace(experiment_name="phase2", trial_id="a1b2_00003")
+    assert metrics.trial_tags(fake_algorithm(info)) == ("phase2", "a1b2_00003")
+    assert metrics.trial_tags(fake_algorithm()) == ("none", "none")
+
+
+def test_observer_adds_hardware_learner_rate_and_cost_then_publishes():
+    prices = {"gpu_hour_usd": 3.0, "cpu_hour_usd": 0.5, "spot_discount": 0.0}
+    algo = fake_algorithm(learner_config_dict={"cost": prices},
+                          trial_resources=SimpleNamespace(required_resources={"CPU": 4.0, "GPU": 1.0}))
+    sampled = dict.fromkeys(metrics.HARDWARE_FIELDS, 0.5)
+    sets = []
+    pub = SimpleNamespace(publish=lambda r: sets.append(r))
+    obs = metrics.TrialObserver(algo, sampler=SimpleNamespace(sample=lambda: sampled), publisher=pub)
+    assert obs.resources == TrialResources(gpus=1.0, cpus=4.0)
+    # 1 GPU + 4 CPUs = $5/h; one hour for 1M env steps -> $5 per million.
+    result = {"rayrl": {"env_steps_per_s": 1.0}, keys.ENV_STEPS: 1_000_000, keys.TIME_TOTAL: 3600.0,
+              "learners": {"__all_modules__": {"num_module_steps_trained_throughput": 9000.0}}}
+    obs.observe(result)
+    assert result["rayrl"]["cpu_util"] == 0.5 and result["rayrl"]["net_util"] == 0.5
+    assert result["rayrl"]["learner_samples_per_s"] == 9000.0
+    assert result["rayrl"][metrics.COST_PER_M_SAMPLES.split("/")[1]] == pytest.approx(5.0)
+    assert sets == [result]
+
+
+def test_observer_invents_no_cost_without_prices_and_survives_a_broken_publisher():
+    algo = fake_algorithm()
+    assert metrics.algorithm_resources(algo) == TrialResources(gpus=0.0, cpus=3.0)  # 1 + 2 env runners
+
+    class Broken:
+        calls = 0
+
+        def publish(self, result):
+            Broken.calls += 1
+            raise RuntimeError("no metrics agent")
+
+    obs = metrics.TrialObserver(algo, sampler=SimpleNamespace(sample=dict), publisher=Broken())
+    result = {keys.ENV_STEPS: 100, keys.TIME_TOTAL: 1.0}
+    obs.observe(result)
+    obs.observe(result)
+    assert "cost_per_million_samples" not in result["rayrl"] and Broken.calls == 1
+
+
+def test_observe_keeps_one_observer_per_callback(monkeypatch):
+    made = []
+
+    class Obs:
+        def __init__(self, algorithm):
+            made.append(self)
+
+        def observe(self, result):
+            result["seen"] = len(made)
+
+    monkeypatch.setattr(metrics, "TrialObserver", Obs)
+    holder, result = SimpleNamespace(), {}
+    metrics.observe(holder, None, result)
+    metrics.observe(holder, None, result)
+    assert len(made) == 1 and result["seen"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray's Prometheus export, end to end
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _scrape(port: int, names: tuple[str, ...], timeout_s: float) -> dict[str, list[tuple[dict, float]]]:
+    """Poll the export until every name has a sample (metrics are exported every few seconds)."""
+    deadline, found = time.monotonic() + timeout_s, {}
+    line = re.compile(r'^(ray_rayrl_\w+)\{(.*)\} (\S+)$')
+    while time.monotonic() < deadline:
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        except OSError:
+            body = ""
+        found = {}
+        for text in body.splitlines():
+            m = line.match(text)
+            if m:
+                tags = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+                found.setdefault(m.group(1), []).append((tags, float(m.group(3))))
+        if all(n in found for n in names):
+            return found
+        time.sleep(1.0)
+    return found
+
+
+@pytest.mark.slow
+def test_training_publishes_rayrl_metrics_to_prometheus():
+    import ray
+
+    from rayrl import algo, spec
+
+    port = _free_port()
+    ray.init(num_cpus=1, _metrics_export_port=port, include_dashboard=False, log_to_driver=False)
+    try:
+        config = algo.build_config(spec.from_dict({"algo": {"train_batch_per_learner": 512, "minibatch_size": 128},
+                                                   "resources": {"env_runners": 0}}))
+        # The spec's prices, as learner_settings would carry them: the cost gauge is computed in-process.
+        config.learners(learner_config_dict={**config.learner_config_dict,
+                                             "cost": {"gpu_hour_usd": 3.0, "cpu_hour_usd": 0.05}})
+        algorithm = config.build_algo()
+        try:
+            results = [algorithm.train() for _ in range(3)]
+        finally:
+            algorithm.stop()
+        last = results[-1]
+        for key in (keys.CPU_UTIL, keys.MEM_UTIL, keys.GPU_UTIL, keys.NET_UTIL, keys.LEARNER_SAMPLES_PER_S):
+            assert keys.lookup(last, key) is not None, key
+        assert 0.0 < keys.lookup(last, keys.MEM_UTIL) < 1.0
+        names = ("ray_rayrl_env_steps_per_s", "ray_rayrl_batch_size", "ray_rayrl_cpu_util", "ray_rayrl_mem_util",
+                 "ray_rayrl_nonfinite_steps", "ray_rayrl_learner_samples_per_s", "ray_rayrl_episode_return",
+                 "ray_rayrl_cost_per_million_samples")
+        found = _scrape(port, names, timeout_s=60)
+        missing = [n for n in names if n not in found]
+        assert not missing, f"not exported within 60 s: {missing}; got {sorted(found)}"
+        value = lambda n: found[n][0][1]  # noqa: E731
+        tags = found["ray_rayrl_batch_size"][0][0]
+        assert tags["experiment"] == "none" and tags["trial"] == "none"
+        assert value("ray_rayrl_batch_size") == 512.0
+        assert 10.0 < value("ray_rayrl_env_steps_per_s") < 1e6
+        assert 0.0 <= value("ray_rayrl_cpu_util") <= 1.0 and 0.0 < value("ray_rayrl_mem_util") < 1.0
+        assert value("ray_rayrl_nonfinite_steps") == 0.0
+        assert 8.0 <= value("ray_rayrl_episode_return") <= 500.0   # CartPole returns
+        # One process (2 CPUs: trial + local env runner... here 1 main CPU) at $0.05/CPU-hour: a tiny figure.
+        assert 0.0 < value("ray_rayrl_cost_per_million_samples") < 100.0
+    finally:
+        ray.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------
+# Monitoring assets stay in step with the gauges
+
+
+def test_grafana_dashboard_has_a_panel_per_gauge_with_rays_prefix():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "monitoring"
+    dash = json.loads((root / "grafana" / "rayrl_dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    for name, _, _ in metrics.GAUGES:
+        assert any(f"ray_{name}{{" in e for e in exprs), f"no panel for ray_{name}"
+    assert {v["name"] for v in dash["templating"]["list"]} >= {"datasource", "experiment", "trial"}
+    assert all('experiment=~"$experiment"' in e and 'trial=~"$trial"' in e for e in exprs)
+
+
+def test_prometheus_config_reads_rays_service_discovery_file():
+    from pathlib import Path
+
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "monitoring" / "prometheus.yml").read_text())
+    (job,) = cfg["scrape_configs"]
+    assert job["file_sd_configs"][0]["files"] == ["/tmp/ray/prom_metrics_service_discovery.json"]
