@@ -88,11 +88,16 @@ def build_config(spec: Spec) -> AlgorithmConfig:
     )
     if a.name == "PPO":
         config = config.training(lambda_=a.gae_lambda)
+        config.env_runners(rollout_fragment_length="auto")
     else:
-        # IMPALA/APPO sample asynchronously; keep the learner queue short so CPU runs stay fresh.
-        config = config.training(learner_queue_size=4)
-    config.env_runners(rollout_fragment_length="auto")
+        # IMPALA/APPO need minibatches made of whole rollout fragments.
+        config.env_runners(rollout_fragment_length=fragment_length(a.minibatch_size))
     return config
+
+
+def fragment_length(minibatch_size: int, longest: int = 50) -> int:
+    """The longest rollout fragment (<= ``longest`` steps) that divides the minibatch evenly."""
+    return next(d for d in range(min(longest, minibatch_size), 0, -1) if minibatch_size % d == 0)
 
 
 def _config_class(name: str) -> type:

@@ -1,0 +1,34 @@
+"""Shared fixtures: one local Ray for the in-process tests, small and shut down at the end."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Tests start local Rays without a dashboard (2 cores are scarce); token auth stays as Ray sets it.
+os.environ.setdefault("RAYRL_DASHBOARD", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A local Ray with 2 CPUs shared by every in-process test that needs one."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def subprocess_env(**extra: str) -> dict:
+    """Environment for scripts run by tests: the repo importable, no dashboard, quiet workers."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("RAYRL_DASHBOARD", "0")
+    env.pop("RAY_ADDRESS", None)
+    env.update(extra)
+    return env
