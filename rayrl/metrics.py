@@ -105,6 +105,8 @@ class HardwareSampler:
         except Exception:  # noqa: BLE001
             return math.nan
         dt, best = now - last_t, math.nan
+        if dt < 0.05:  # too short an interval for an honest rate (e.g. the first sample)
+            return math.nan
         for nic, st in stats.items():
             if nic not in nics or nic not in last or not st.isup or not st.speed or nic == "lo" or \
                     "loopback" in str(getattr(st, "flags", "")) or dt <= 0:

@@ -42,7 +42,7 @@ class Thresholds:
     net_util_max: float = 0.80            #: peak NIC throughput / link speed, below
     env_steps_per_s: float | None = None  #: expected env steps/s; None: the ladder's rung at the batch
     env_steps_per_s_tolerance: float = 0.10  #: measured may fall this fraction short of expected
-    loss_spike_k: float = 6.0             #: a spike: loss above its local median + k scaled MADs
+    loss_spike_k: float = 6.0             #: a spike: a rise > median + k scaled MADs of the changes
     episode_return: float | None = None   #: reward target; None: the spec's stop.episode_return
     return_cv_max: float = 0.10           #: coefficient of variation of the return, below
     return_cv_window: int = 10            #: ... over the last this many iterations
@@ -136,36 +136,33 @@ def check_throughput(measured: float | None, expected: float | None, source: str
     return Check("training", name, thr, f"{measured:,.0f}", PASS if ok else FAIL)
 
 
-def loss_spikes(loss: Sequence[float], k: float = 6.0, window: int = 5) -> list[int]:
-    """Positions of spikes: +/-inf, or a loss above its centred rolling median by > k scaled MADs.
+def loss_spikes(loss: Sequence[float], k: float = 6.0, min_points: int = 5) -> list[int]:
+    """Positions of spikes: +/-inf, or a rise over the previous point beyond the usual change.
 
-    The rolling median follows the trend (losses drift as returns grow); the MAD of the residuals
-    is the series' own noise, so only jumps out of character count. The ends are padded by point
-    reflection (2*x0 - x[k]) so a linear trend has no residual there. NaN means "not reported".
+    A spike is a point whose change from the point before exceeds median + k x scaled MAD
+    (1.4826 x the median absolute deviation) of all point-to-point changes. Changes, not levels,
+    so a loss that trends (losses drift as returns grow) is not a spike, while a jump out of the
+    series' own noise is. NaN means "not reported" and is skipped.
     """
     x = pd.Series(list(loss), dtype=float).reset_index(drop=True)
     spikes = [int(i) for i in x.index[np.isinf(x)]]
     fin = x[np.isfinite(x)]
-    if len(fin) >= window:
-        v, h = fin.to_numpy(), window // 2
-        padded = np.concatenate([2 * v[0] - v[h:0:-1], v, 2 * v[-1] - v[-2:-h - 2:-1]])
-        local = pd.Series(padded).rolling(window, center=True).median().to_numpy()[h:h + len(v)]
-        resid = pd.Series(v - local, index=fin.index)
-        mad = 1.4826 * float((resid - resid.median()).abs().median())
+    if len(fin) >= min_points:
+        d = fin.diff().dropna()
+        mad = 1.4826 * float((d - d.median()).abs().median())
         floor = 0.01 * abs(float(fin.median())) + 1e-12
-        limit = float(resid.median()) + k * max(mad, floor)
-        spikes += [int(i) for i in resid.index[resid > limit]]
+        spikes += [int(i) for i in d.index[d > float(d.median()) + k * max(mad, floor)]]
     return sorted(spikes)
 
 
-def check_loss(losses: dict[str, Sequence[float]], t: Thresholds = Thresholds(), window: int = 5) -> Check:
+def check_loss(losses: dict[str, Sequence[float]], t: Thresholds = Thresholds(), min_points: int = 5) -> Check:
     """No loss spike (see :func:`loss_spikes`) in any judged trial's loss curve."""
-    name, thr = "loss without spikes", f"0 points > rolling median + {t.loss_spike_k:g} MAD"
+    name, thr = "loss without spikes", f"0 rises > median + {t.loss_spike_k:g} MAD of changes"
     reported = {tid: int(pd.Series(list(v), dtype=float).notna().sum()) for tid, v in losses.items()}
-    usable = {tid: v for tid, v in losses.items() if reported[tid] >= window}
+    usable = {tid: v for tid, v in losses.items() if reported[tid] >= min_points}
     if not usable:
-        return Check("training", name, thr, f"fewer than {window} loss points", NA)
-    found = {tid: loss_spikes(v, t.loss_spike_k, window) for tid, v in usable.items()}
+        return Check("training", name, thr, f"fewer than {min_points} loss points", NA)
+    found = {tid: loss_spikes(v, t.loss_spike_k, min_points) for tid, v in usable.items()}
     n = sum(len(s) for s in found.values())
     points = sum(reported[tid] for tid in usable)
     where = "; ".join(f"{tid}: points {s}" for tid, s in found.items() if s)

@@ -136,6 +136,11 @@ def test_loss_spikes_ignore_a_trend_and_catch_a_jump():
     assert report.loss_spikes(spiked) == [12]
     assert report.loss_spikes([1.0, 1.0, math.inf, 1.0, 1.0, 1.0]) == [2]
     assert report.loss_spikes([1.0, math.nan, 1.0, 1.0, 1.0, 1.0]) == []  # NaN: not reported
+    # A real PPO CartPole loss curve from a smoke sweep: noisy, no spike.
+    ppo = [0.042, 0.088, 0.11, 0.108, 0.11, 0.074, 0.091, 0.119, 0.064, 0.031, 0.032, 0.112, 0.099, 0.135, 0.148]
+    assert report.loss_spikes(ppo) == []
+    ppo[9] = 0.9
+    assert report.loss_spikes(ppo) == [9]
 
 
 def test_loss_check_pass_fail_na():
@@ -361,5 +366,5 @@ def test_nonfinite_numbers_do_not_break_the_report(tmp_path):
     root = write_run(tmp_path / "s", history=h)
     assert report.main([str(root)]) == 0
     text = (root / "report.md").read_text()
-    assert "| training | loss without spikes | 0 points > rolling median + 6 MAD | 11 spikes in 11 points" in text  # warm-up iteration excluded
+    assert "| training | loss without spikes | 0 rises > median + 6 MAD of changes | 11 spikes in 11 points" in text  # warm-up iteration excluded
     assert "| iterations | 12 |" in text
