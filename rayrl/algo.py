@@ -172,7 +172,8 @@ def _learner_backend(algorithm: Any) -> str:
 
         return dist.get_backend() if dist.is_available() and dist.is_initialized() else "none"
 
-    found = set(group.foreach_learner(backend))
+    # foreach_learner returns RemoteCallResults (CallResult items), not the bare values.
+    found = {r.get() for r in group.foreach_learner(backend)}
     return ",".join(sorted(found))
 
 

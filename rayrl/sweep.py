@@ -57,8 +57,9 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
     knee = throughput.knee(rows)
     if knee is None:
         raise SweepError(f"phase 1: the first rung (batch {rows[0].batch_size if rows else '?'}) failed, so "
-                         "there is no batch size to search; see the trial's error in phase1/, lower "
-                         "search.doubling.start or give the trial more resources.")
+                         f"there is no batch size to search; see the trial's error in {paths.run_dir / 'phase1'}, lower "
+                         "search.doubling.start or give the trial more resources, then use a new --name (or "
+                         "delete doubling.csv and phase1/ to measure the ladder again).")
     print(f"[sweep] phase 1 done: knee at batch {knee}; phase 2 searches batch in {ladder}", flush=True)
     trials, best, phase2_steps = phase2(spec, paths, ladder)
     summary = {
@@ -115,15 +116,17 @@ def phase1(spec: Spec, paths: runtime.RunPaths) -> tuple[list[throughput.Row], i
         tune_config=tune.TuneConfig(search_alg=DoublingSearcher(spec), num_samples=max_rungs,
                                     max_concurrent_trials=1),
         stop={keys.ITERATION: d.warmup_iters + d.measure_iters}, checkpoints=False, verbose_label="phase 1")
-    grid = tuner.fit()
+    tuner.fit()
+    analysis = _analysis(paths, "phase1")
     rungs = []
     steps = 0
-    for result in sorted(grid, key=lambda r: config_batch_lr(r.config)[0]):
-        df = result.metrics_dataframe
+    for trial in sorted(analysis.trials, key=lambda t: config_batch_lr(t.config)[0]):
+        df = analysis.trial_dataframes.get(trial.trial_id)
         series = [] if df is None or keys.ENV_STEPS_PER_S not in df else list(df[keys.ENV_STEPS_PER_S])
-        sps = None if result.error else throughput.rung_throughput(series, d.warmup_iters, d.measure_iters)
-        rungs.append(throughput.Rung(int(config_batch_lr(result.config)[0]), sps))
-        steps += int(keys.lookup(result.metrics or {}, keys.ENV_STEPS, 0) or 0)
+        failed = trial.status == "ERROR"
+        sps = None if failed else throughput.rung_throughput(series, d.warmup_iters, d.measure_iters)
+        rungs.append(throughput.Rung(int(config_batch_lr(trial.config)[0]), sps))
+        steps += int(keys.lookup(trial.last_result or {}, keys.ENV_STEPS, 0) or 0)
     rows = throughput.decide(rungs, factor=d.factor, cap=d.cap, min_gain=d.min_gain)
     write_doubling(done, rows)
     return rows, steps
@@ -149,8 +152,8 @@ def phase2(spec: Spec, paths: runtime.RunPaths, ladder: list[int]) -> tuple[list
     tuner = make_tuner(spec, paths, phase="search", subdir="phase2", param_space=_base_params(spec),
                        tune_config=phase2_tune_config(spec, ladder, concurrent), stop=stop,
                        verbose_label="phase 2")
-    grid = tuner.fit()
-    trials = [_trial_row(r, spec) for r in grid]
+    tuner.fit()
+    trials = [_trial_row(t, spec) for t in _analysis(paths, "phase2").trials]
     write_csv(paths.run_dir / "trials.csv", TRIAL_COLUMNS, trials)
     finished = [t for t in trials if t["episode_return_mean"] is not None and t["status"] != "error"]
     best = None
@@ -161,6 +164,13 @@ def phase2(spec: Spec, paths: runtime.RunPaths, ladder: list[int]) -> tuple[list
     return trials, best, sum(int(t["env_steps"] or 0) for t in trials)
 
 
+def _analysis(paths: runtime.RunPaths, subdir: str) -> Any:
+    """Tune's view of a finished phase; unlike a ResultGrid it keeps errored trials' configs."""
+    from ray.tune import ExperimentAnalysis
+
+    return ExperimentAnalysis(f"{paths.storage}/{paths.name}/{subdir}")
+
+
 def _base_params(spec: Spec) -> dict:
     from rayrl.algo import build_config
 
@@ -169,12 +179,14 @@ def _base_params(spec: Spec) -> dict:
     return params
 
 
-def _trial_row(result: Any, spec: Spec) -> dict:
-    m = result.metrics or {}
+def _trial_row(trial: Any, spec: Spec) -> dict:
+    from rayrl.progress import config_batch_lr
+
+    m = trial.last_result or {}
     ret = keys.lookup(m, keys.EPISODE_RETURN)
     steps = keys.lookup(m, keys.ENV_STEPS)
     target = spec.stop.episode_return
-    if result.error:
+    if trial.status == "ERROR":
         status = "error"
     elif ret is not None and target is not None and ret >= target:
         status = "reached_target"
@@ -182,12 +194,10 @@ def _trial_row(result: Any, spec: Spec) -> dict:
         status = "completed"
     else:
         status = "stopped_early"
-    from rayrl.progress import config_batch_lr
-
-    batch, lr = config_batch_lr(result.config)
-    lr = result.config.get("rayrl_lr", lr)
-    return {"trial_id": m.get("trial_id") or Path(result.path).name, "batch_size": batch, "lr": lr, "env_steps": steps,
-            "episode_return_mean": None if ret is None or not math.isfinite(ret) else float(ret), "status": status}
+    batch, lr = config_batch_lr(trial.config)
+    return {"trial_id": trial.trial_id, "batch_size": batch, "lr": trial.config.get("rayrl_lr", lr),
+            "env_steps": steps, "status": status,
+            "episode_return_mean": None if ret is None or not math.isfinite(ret) else float(ret)}
 
 
 def write_doubling(path: Path, rows: list[throughput.Row]) -> None:

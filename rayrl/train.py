@@ -60,8 +60,15 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
                    HistoryWriter(paths.run_dir / "history.csv", phase), *(extra_callbacks or [])],
         verbose=0,
     )
+    tune_config = tune_config or tune.TuneConfig()
+    tune_config.trial_dirname_creator = trial_dirname
     return tune.Tuner(trainable, param_space=param_space if param_space is not None else build_config(spec),
                       tune_config=tune_config, run_config=run_config)
+
+
+def trial_dirname(trial: Any) -> str:
+    """Short trial folder names (Tune's default spells out the whole config)."""
+    return f"{trial.trainable_name}_{trial.trial_id}"
 
 
 def _join(storage: str, *parts: str) -> str:

@@ -1,0 +1,177 @@
+"""The sweep end to end: the run folder contract, the rule in doubling.csv, resume, HyperBand, Ray Jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from rayrl import spec as S
+from rayrl import throughput
+
+from conftest import ROOT, subprocess_env
+
+pytestmark = pytest.mark.slow
+
+SWEEP = [sys.executable, str(ROOT / "experiments" / "sweep.py")]
+
+
+def run_sweep(storage: Path, name: str, *extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*SWEEP, "--smoke", "--storage", str(storage), "--name", name, "--num-cpus", "2", *extra],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+def check_run_folder(run: Path, *, scheduler: str = "asha") -> dict:
+    """Every file and column of the run folder contract, and the doubling rule in doubling.csv."""
+    doubling = pd.read_csv(run / "doubling.csv", keep_default_na=False)
+    assert list(doubling.columns) == ["batch_size", "env_steps_per_s", "gain", "decision"]
+    assert doubling["gain"].iloc[0] == ""
+    assert set(doubling["decision"]) <= {"expand", "stop", "cap", "failed"}
+    spec = S.load(run / "spec.yaml")
+    d = spec.search.doubling
+    assert doubling["batch_size"].iloc[0] == d.start
+    assert list(doubling["batch_size"]) == [d.start * d.factor ** i for i in range(len(doubling))]
+    decisions = list(doubling["decision"])
+    assert all(x == "expand" for x in decisions[:-1]) and decisions[-1] in ("stop", "cap", "failed")
+    for _, row in doubling.iloc[1:].iterrows():
+        if row["decision"] == "expand":
+            assert float(row["gain"]) >= d.min_gain
+    last = doubling.iloc[-1]
+    if last["decision"] == "stop":
+        assert float(last["gain"]) < d.min_gain
+    if last["decision"] == "cap":
+        assert last["batch_size"] * d.factor > d.cap
+    kept = doubling[doubling["decision"].isin(["expand", "cap"])]
+    knee = int(kept["batch_size"].iloc[-1])
+
+    trials = pd.read_csv(run / "trials.csv")
+    assert list(trials.columns) == ["trial_id", "batch_size", "lr", "env_steps", "episode_return_mean", "status"]
+    assert len(trials) == spec.search.num_samples
+    assert trials["batch_size"].max() <= knee
+    assert set(trials["batch_size"]) <= set(doubling["batch_size"])
+    assert ((trials["lr"] >= spec.search.lr_min) & (trials["lr"] <= spec.search.lr_max)).all()
+    assert set(trials["status"]) <= {"reached_target", "completed", "stopped_early", "error"}
+    assert (trials["env_steps"] <= spec.search.max_env_steps + 4 * knee).all()
+
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["knee_batch_size"] == knee
+    assert summary["scheduler"] == scheduler
+    best = summary["best"]
+    assert best["episode_return_mean"] == pytest.approx(trials["episode_return_mean"].max())
+    assert set(best) >= {"batch_size", "lr", "episode_return_mean"}
+    assert summary["trials"] == len(trials)
+    assert summary["stopped_early"] == int((trials["status"] == "stopped_early").sum())
+    assert summary["env_steps_total"] >= trials["env_steps"].sum()
+    assert summary["wall_s"] > 0
+
+    best_spec = S.load(run / "best_config.yaml")  # a full spec `rayrl train --config` accepts
+    assert best_spec.algo.train_batch_per_learner == best["batch_size"]
+    assert best_spec.algo.lr == pytest.approx(best["lr"])
+
+    history = pd.read_csv(run / "history.csv")
+    assert set(history["phase"]) == {"doubling", "search"}
+    assert (history["env_steps_per_s"] > 0).all()
+
+    from ray.tune import ExperimentAnalysis
+
+    assert len(ExperimentAnalysis(str(run / "phase2")).trials) == len(trials)
+    return summary
+
+
+def test_smoke_sweep_writes_the_contract_and_resumes(tmp_path):
+    first = run_sweep(tmp_path, "smoke")
+    assert "[sweep] done" in first.stdout and "phase 1" in first.stdout
+    run = tmp_path / "smoke"
+    check_run_folder(run)
+    trials_before = (run / "trials.csv").read_text()
+    doubling_before = (run / "doubling.csv").read_text()
+
+    again = run_sweep(tmp_path, "smoke", timeout=300)
+    assert "phase 1 already finished" in again.stdout
+    assert "[phase 1" not in again.stdout  # no rung ran again
+    assert "[phase 2" not in again.stdout  # finished trials are not rerun
+    assert (run / "doubling.csv").read_text() == doubling_before
+    assert sorted((run / "trials.csv").read_text().splitlines()) == sorted(trials_before.splitlines())
+
+
+def test_smoke_sweep_with_hyperband(tmp_path):
+    run_sweep(tmp_path, "hb", "--set", "search.scheduler=hyperband")
+    check_run_folder(tmp_path / "hb", scheduler="hyperband")
+
+
+def test_sweep_rejects_bad_input_before_ray(tmp_path):
+    proc = subprocess.run([*SWEEP, "--set", "search.doubling.min_gain=-1", "--storage", str(tmp_path)],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "search.doubling.min_gain" in proc.stderr and "Traceback" not in proc.stderr
+    assert "Started a local Ray" not in proc.stdout + proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ray_job_submit_runs_the_smoke_sweep(tmp_path):
+    """`ray start --head` in its own process group, then `ray job submit --working-dir .`."""
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    dash = _free_port()
+    temp_dir = Path("/tmp") / f"rayrl-job-{os.getpid()}"  # short: Ray's socket paths have a length limit
+    env = subprocess_env(RAY_AUTH_MODE="token")
+    head = subprocess.Popen([ray_bin, "start", "--head", "--block", "--num-cpus=2", f"--port={_free_port()}",
+                             f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+                             f"--temp-dir={temp_dir}"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        address = f"http://127.0.0.1:{dash}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            ping = subprocess.run([ray_bin, "job", "list", "--address", address], env=env, capture_output=True,
+                                  text=True, timeout=60)
+            if ping.returncode == 0:
+                break
+            time.sleep(2)
+        else:
+            pytest.fail("the head's Jobs API did not come up within 120 s")
+        storage = tmp_path / "runs"
+        proc = subprocess.run([ray_bin, "job", "submit", "--address", address, "--working-dir", ".", "--",
+                               "python", "experiments/sweep.py", "--smoke", "--storage", str(storage),
+                               "--name", "job"], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+        assert "SUCCEEDED" in proc.stdout + proc.stderr, proc.stdout[-4000:] + proc.stderr[-4000:]
+        assert proc.returncode == 0
+        assert "Started a local Ray" not in proc.stdout  # it joined the cluster
+        check_run_folder(storage / "job")
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_first_rung_failure_is_a_clear_error(tmp_path):
+    """A ladder whose first rung fails ends the sweep with a message, not a traceback."""
+    rows = throughput.decide([throughput.Rung(512, None)], factor=2, cap=2048, min_gain=0.15)
+    assert throughput.knee(rows) is None
+    (tmp_path / "bad").mkdir()
+    proc = subprocess.run([*SWEEP, "--smoke", "--storage", str(tmp_path), "--name", "bad", "--num-cpus", "2",
+                           "--set", f"env.id={'tests.broken_env:make'}"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # Tune logs the trial's own traceback; the sweep's last word is one clear paragraph.
+    final = proc.stderr[proc.stderr.rindex("sweep: error:"):]
+    assert "first rung" in final and "Traceback" not in final
+    ladder = pd.read_csv(tmp_path / "bad" / "doubling.csv", keep_default_na=False)
+    assert list(ladder["decision"]) == ["failed"]
+    yaml.safe_load((tmp_path / "bad" / "spec.yaml").read_text())
