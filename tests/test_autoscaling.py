@@ -187,8 +187,11 @@ def test_sweep_scales_gpu_workers_up_and_idle_workers_down(fake_cluster: FakeClu
     assert fc.worker_nodes() == [], "the cluster starts with the head only (min_workers: 0)"
     job_log = tmp_path / "job.log"
     job = subprocess.Popen(
-        [RAY, "job", "submit", f"--address={fc.dashboard_url}", f"--working-dir={ROOT}", "--",
-         "python", "experiments/sweep.py", "--smoke", "--name", "autoscale", "--storage", str(tmp_path / "runs"),
+        # No --working-dir here (a real cluster takes `--working-dir .`): fake nodes share this machine's
+        # session folder, and a fake node's runtime-env agent deletes the unpacked working dir when its
+        # own workers stop, under the driver's feet. The checkout is installed in this venv anyway.
+        [RAY, "job", "submit", f"--address={fc.dashboard_url}", "--",
+         sys.executable, str(ROOT / "experiments" / "sweep.py"), "--smoke", "--name", "autoscale", "--storage", str(tmp_path / "runs"),
          "--set", "resources.learners=1", "--set", f"resources.custom_per_learner={{{STAND_IN}: 1}}",
          "--set", "stop.episode_return=30"],
         cwd=ROOT, env=fc.env, stdout=job_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)

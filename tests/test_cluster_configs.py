@@ -8,6 +8,8 @@ Nothing here starts Ray or reaches a cloud.
 from __future__ import annotations
 
 import copy
+import importlib.metadata
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +100,31 @@ def test_kuberay_files_use_volcano_queue_and_run_the_sweep() -> None:
         assert docs[kind]["metadata"]["labels"]["volcano.sh/queue-name"] == queue
     assert "experiments/sweep.py" in docs["RayJob"]["spec"]["entrypoint"]
     assert docs["RayCluster"]["spec"]["enableInTreeAutoscaling"] is True
+
+
+def test_docs_commands_match_the_files() -> None:
+    text = (ROOT / "docs" / "cluster.md").read_text()
+    for path in set(re.findall(r"cluster_configs/[\w./-]+", text)):
+        assert (ROOT / path.rstrip(".")).exists(), path
+    for cmd in ("ray up cluster_configs/gpu.yaml", "ray dashboard cluster_configs/gpu.yaml",
+                "ray down cluster_configs/gpu.yaml", "ray job submit --working-dir . -- python experiments/sweep.py",
+                "pip wheel --no-deps -w dist .", "--batch-scheduler=volcano", "RAY_USE_TLS=1"):
+        assert cmd in text, cmd
+    gpu = load("gpu.yaml")
+    assert f"--group-name {gpu['provider']['security_group']['GroupName']} " in text
+    wheel = f"rayrl-{importlib.metadata.version('rayrl')}-py3-none-any.whl"
+    assert wheel in " ".join(gpu["setup_commands"]) and wheel in text
+    subnet = load("gcp-gpu.yaml")["available_node_types"]["gpu.a3"]["node_config"]["networkInterfaces"][0]["subnetwork"]
+    _, region, _, name = subnet.split("/")
+    assert f"subnets create {name} --network={name} --region={region}" in text
+    (rc,) = [d for d in _kube("raycluster.yaml") if d["kind"] == "RayCluster"]
+    (rj,) = [d for d in _kube("rayjob.yaml") if d["kind"] == "RayJob"]
+    assert f"svc/{rc['metadata']['name']}-head-svc 8265:8265" in text
+    for spec in (rc["spec"], rj["spec"]["rayClusterSpec"]):
+        assert f"create secret generic {spec['authOptions']['secretName']} --from-file=auth_token=" in text
+    assert f"job/{rj['metadata']['name']}" in text and f"rayjob {rj['metadata']['name']}" in text
+    working_dir = yaml.safe_load(rj["spec"]["runtimeEnvYAML"])["working_dir"]
+    assert f"aws s3 cp {Path(working_dir).name} {working_dir}" in text
 
 
 # ---------------------------------------------------------------------------------------------
