@@ -218,7 +218,8 @@ def check_recovery(drill: dict | None, t: Thresholds = Thresholds()) -> Check:
         return Check("fault tolerance", name, thr, "no drill.json (run `rayrl drill RUN_DIR`)" if drill is None
                      else "drill.json lists no drills", NA)
     failed = [d.get("name", "?") for d in drills if d.get("outcome") != "recovered"]
-    times = [float(d["recovery_s"]) for d in drills if d.get("outcome") == "recovered" and d.get("recovery_s") is not None]
+    times = [float(d["recovery_s"]) for d in drills
+             if d.get("outcome") == "recovered" and d.get("recovery_s") is not None]
     worst = max(times) if times else math.nan
     text = (f"{worst:.1f} s" if times else "no recovery") + (f"; failed: {', '.join(failed)}" if failed else "")
     return Check("fault tolerance", name, thr, text, PASS if not failed and worst < t.recovery_s_max else FAIL)
@@ -456,7 +457,8 @@ def figures(run: RunFolder) -> dict[str, Any]:
         out["lr_return.png"] = plot_lr_return(run).figure
     subject = subject_history(run)
     if not subject.empty:
-        out["training.png"] = plot_training(subject, f"{run.name}: " + ("best trial" if run.kind == "sweep" else "training"))
+        title = f"{run.name}: " + ("best trial" if run.kind == "sweep" else "training")
+        out["training.png"] = plot_training(subject, title)
     return out
 
 
