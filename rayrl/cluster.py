@@ -61,7 +61,11 @@ def validate_file(path: str | Path) -> list[str]:
         bad = next(type(d).__name__ for d in docs if not isinstance(d, dict))
         return [f"{p}: holds a {bad}, not a mapping of keys; a cluster YAML is key: value pairs."]
     if all("apiVersion" in d or "kind" in d for d in docs):
-        problems = [m for d in docs for m in validate_kube(d)]
+        try:
+            problems = [m for d in docs for m in validate_kube(d)]
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            problems = [f"a section has an unexpected shape ({type(exc).__name__}: {_one_line(exc)}); compare it "
+                        "with cluster_configs/kuberay/."]
     elif len(docs) > 1:
         problems = ["holds several YAML documents; a launcher YAML (ray up) is one document, a KubeRay "
                     "manifest gives every document an apiVersion and kind."]
@@ -82,20 +86,32 @@ def validate_launcher(config: dict) -> list[str]:
     if not isinstance(provider, dict) or not isinstance(provider.get("type"), str):
         return ["provider.type: missing; name the cloud (provider: {type: aws, region: ...}), or give "
                 "apiVersion and kind for a KubeRay manifest."]
+    from ray.autoscaler._private.providers import _DEFAULT_CONFIGS
+
+    known = sorted(set(_DEFAULT_CONFIGS) | {"external"})
+    if provider["type"] not in known:
+        near = difflib.get_close_matches(provider["type"], known, n=1, cutoff=0.5)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        return [f"provider.type: {provider['type']!r} is not a provider Ray's launcher knows{hint}; valid: "
+                f"{', '.join(known)}."]
     if provider["type"] == "local" and (written := sorted(LOCAL_BUILT_KEYS & set(config))):
         return [f"{key}: not allowed with provider local (Ray builds the single on-premise node type itself); "
                 "remove it and list the machines in provider.head_ip and provider.worker_ips." for key in written]
     problems, prepared = _ray_checks(config)
     if prepared is None:
         return problems
-    problems += _filled_keys(config, prepared)
-    problems += _image_problems(config, ray.__version__)
-    problems += _auth_problems(config)
-    problems += _start_flag_problems(config)
-    problems += _gpu_problems(config)
-    problems += _worker_count_problems(config, prepared)
-    problems += _security_problems(config)
-    problems += _setup_problems(config)
+    checks = (lambda: _filled_keys(config, prepared), lambda: _image_problems(config, ray.__version__),
+              lambda: _auth_problems(config), lambda: _start_flag_problems(config), lambda: _gpu_problems(config),
+              lambda: _worker_count_problems(config, prepared), lambda: _security_problems(config),
+              lambda: _setup_problems(config))
+    schema_failed = bool(problems)
+    for check in checks:
+        try:
+            problems += check()
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            if not schema_failed:  # a shape Ray's schema allows but rayrl's rules do not expect
+                problems.append(f"a section has an unexpected shape ({type(exc).__name__}: {_one_line(exc)}); "
+                                "compare it with cluster_configs/gpu.yaml.")
     return problems
 
 
@@ -129,7 +145,8 @@ def _ray_checks(config: dict) -> tuple[list[str], dict | None]:
     except Exception as exc:  # Ray raises KeyError, AssertionError, click exceptions ... here
         return [f"Ray's launcher cannot read it ({type(exc).__name__}: {_one_line(exc)}); fix the key it "
                 "names (compare with cluster_configs/gpu.yaml)."], None
-    errors = sorted(jsonschema.Draft7Validator(_ray_schema()).iter_errors(prepared), key=lambda e: list(e.path))
+    errors = sorted(jsonschema.Draft7Validator(_ray_schema()).iter_errors(prepared),
+                    key=lambda e: [str(p) for p in e.path])
     problems = [f"{_dotted(e.absolute_path) or 'top level'}: {_one_line(e.message)} (Ray's cluster schema); "
                 "fix or remove it." for e in errors]
     if not problems:
@@ -224,7 +241,7 @@ def _auth_problems(config: dict) -> list[str]:
                             "(export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HOME/.ray/auth_token; ray start ...).")
         for c in starts:
             token_paths.update(_normalise_home(m) for m in re.findall(r"RAY_AUTH_TOKEN_PATH=(\S+?);?(?:\s|$)", c))
-    if re.search(r"RAY_AUTH_TOKEN=", yaml.safe_dump(config)):
+    if "RAY_AUTH_TOKEN=" in json.dumps(config, default=str):
         problems.append("RAY_AUTH_TOKEN: the token is written into the cluster YAML; remove it and mount the "
                         f"token file instead (file_mounts: {{{TOKEN_DEFAULT_PATH}: {TOKEN_DEFAULT_PATH}}}).")
     mounts = {_normalise_home(str(k)) for k in (config.get("file_mounts") or {})}

@@ -6,10 +6,12 @@ are derived from cluster_configs/gpu.yaml (rayrl.cluster.fake_multinode_config):
 labels, one CPU each, the GPUs replaced by the custom resource `rayrl_fake_gpu` so no CUDA is
 needed. A smoke sweep is submitted with `ray job submit` whose learners ask for that resource
 (resources.custom_per_learner; learners=1, because with learners=0 RLlib's placement group does
-not request custom_resources_per_learner). Token authentication is on, read from a file.
+not request custom_resources_per_learner; stop.episode_return=30 ends phase-2 trials early so the
+test stays near 3 minutes on 2 cores). Token authentication is on, the token read from a file.
 
-The head runs in its own process group with its own temp dir and ports; teardown kills that group
-and then any process still carrying this test's marker in its environment.
+The head runs in its own process group with its own temp dir and free ports (fake nodes join it
+through provider.gcs_address, so it need not hold 6379, which another Ray on this machine may use);
+teardown kills that group and then any process still carrying this test's marker in its environment.
 """
 
 from __future__ import annotations
@@ -75,7 +77,12 @@ class FakeCluster:
     def nodes(self) -> list[dict] | None:
         """The alive nodes at the watcher's last look; None before its first."""
         lines = self.nodes_file.read_text().splitlines() if self.nodes_file.exists() else []
-        return json.loads(lines[-1]) if lines else None
+        for line in reversed(lines[-2:]):  # the last line may be half written
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+        return None
 
     def worker_nodes(self) -> list[dict]:
         """Alive nodes that the autoscaler added (they carry the GPU stand-in)."""
@@ -116,7 +123,7 @@ def _marked_pids(marker: str) -> list[int]:
 
 def _stop(head: subprocess.Popen, marker: str) -> list[int]:
     """SIGTERM the head's process group, then SIGKILL it and any marked survivor; returns survivors."""
-    for sig, grace in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+    for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
         try:
             os.killpg(head.pid, sig)
         except ProcessLookupError:
@@ -186,15 +193,15 @@ def test_sweep_scales_gpu_workers_up_and_idle_workers_down(fake_cluster: FakeClu
     fc = fake_cluster
     assert fc.worker_nodes() == [], "the cluster starts with the head only (min_workers: 0)"
     job_log = tmp_path / "job.log"
-    job = subprocess.Popen(
+    sweep = [sys.executable, str(ROOT / "experiments" / "sweep.py"), "--smoke", "--name", "autoscale",
+             "--storage", str(tmp_path / "runs"), "--set", "resources.learners=1",
+             "--set", f"resources.custom_per_learner={{{STAND_IN}: 1}}", "--set", "stop.episode_return=30"]
+    with job_log.open("w") as out:
         # No --working-dir here (a real cluster takes `--working-dir .`): fake nodes share this machine's
         # session folder, and a fake node's runtime-env agent deletes the unpacked working dir when its
         # own workers stop, under the driver's feet. The checkout is installed in this venv anyway.
-        [RAY, "job", "submit", f"--address={fc.dashboard_url}", "--",
-         sys.executable, str(ROOT / "experiments" / "sweep.py"), "--smoke", "--name", "autoscale", "--storage", str(tmp_path / "runs"),
-         "--set", "resources.learners=1", "--set", f"resources.custom_per_learner={{{STAND_IN}: 1}}",
-         "--set", "stop.episode_return=30"],
-        cwd=ROOT, env=fc.env, stdout=job_log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        job = subprocess.Popen([RAY, "job", "submit", f"--address={fc.dashboard_url}", "--", *sweep], cwd=ROOT,
+                               env=fc.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         seen: set[str] = set()
 

@@ -182,6 +182,10 @@ LAUNCHER_VARIANTS = [
         "GPU", -1), "available_node_types.gpu.p5.resources.GPU"),
     ("schema-unknown-node-key", "gpu.yaml", _node("gpu.p5", "min_worker", 1), "available_node_types.gpu.p5"),
     ("provider-missing", "gpu.yaml", lambda c: c.pop("provider"), "provider"),
+    ("resources-not-a-mapping", "gpu.yaml", _node("gpu.p5", "resources", "eight GPUs"),
+     "available_node_types.gpu.p5.resources"),
+    ("labels-not-a-mapping", "gpu.yaml", _node("gpu.p5", "labels", ["learner"]), "available_node_types.gpu.p5.labels"),
+    ("provider-unknown", "gpu.yaml", lambda c: c["provider"].__setitem__("type", "awz"), "provider.type"),
     ("gcp-gpu-undeclared", "gcp-gpu.yaml", lambda c: c["available_node_types"]["gpu.a3"]["resources"].pop("GPU"),
      "available_node_types.gpu.a3.resources"),
     ("gcp-no-accelerators", "gcp-gpu.yaml", lambda c: (
@@ -244,6 +248,8 @@ KUBE_VARIANTS = [
     ("replicas-min-above-max", "rayjob.yaml", lambda d: _cluster_spec(d)["workerGroupSpecs"][0].__setitem__(
         "minReplicas", 20), "spec.rayClusterSpec.workerGroupSpecs[0].minReplicas"),
     ("rayjob-no-entrypoint", "rayjob.yaml", lambda d: d[0]["spec"].pop("entrypoint"), "spec.entrypoint"),
+    ("worker-groups-not-a-list", "raycluster.yaml", lambda d: _cluster_spec(d).__setitem__("workerGroupSpecs", "gpu"),
+     "a section"),
 ]
 
 
