@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import time
+from pathlib import PurePosixPath
 from typing import Any, Callable, Mapping
 
 from rayrl import cost, keys
@@ -190,11 +191,19 @@ class Publisher:
 
 
 def trial_tags(algorithm: Any) -> tuple[str, str]:
-    """(experiment, trial) of a Tune trial's Algorithm; "none" for either outside Tune."""
+    """(experiment, trial) of a Tune trial's Algorithm; "none" for either outside Tune.
+
+    The experiment is "RUN/TUNE_EXPERIMENT" (e.g. "my-sweep/phase2", "my-run/tune"): the run
+    folder's name (the last part of Tune's storage path) and Tune's experiment in it, so two
+    sweeps' phase 2 do not share a tag.
+    """
     info = getattr(algorithm, "_trial_info", None)
-    experiment = getattr(info, "experiment_name", None) or "none"
+    experiment = getattr(info, "experiment_name", None)
+    root = getattr(getattr(algorithm, "_storage", None), "storage_fs_path", None)
+    if experiment and isinstance(root, str) and PurePosixPath(root).name:
+        experiment = f"{PurePosixPath(root).name}/{experiment}"
     trial = getattr(info, "trial_id", None) or getattr(algorithm, "trial_id", None)
-    return str(experiment), str(trial) if trial and trial != "default" else "none"
+    return str(experiment or "none"), str(trial) if trial and trial != "default" else "none"
 
 
 def algorithm_resources(algorithm: Any) -> cost.TrialResources:

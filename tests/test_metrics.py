@@ -151,6 +151,9 @@ def fake_algorithm(trial_info=None, learner_config_dict=None, trial_resources=No
 def test_trial_tags_inside_and_outside_tune():
     info = SimpleNamespace(experiment_name="phase2", trial_id="a1b2_00003")
     assert metrics.trial_tags(fake_algorithm(info)) == ("phase2", "a1b2_00003")
+    tuned = fake_algorithm(info)
+    tuned._storage = SimpleNamespace(storage_fs_path="/data/runs/my-sweep", experiment_dir_name="phase2")
+    assert metrics.trial_tags(tuned) == ("my-sweep/phase2", "a1b2_00003")
     assert metrics.trial_tags(fake_algorithm()) == ("none", "none")
 
 
