@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ GRAD_NORM = "rayrl_grad_norm"                  #: pre-clip global gradient norm,
 OPTIMIZER_STEPS = "rayrl_optimizer_steps"      #: optimizer steps applied this iteration
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+logger = logging.getLogger(__name__)
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -157,6 +159,11 @@ class RayrlTorchLearnerMixin:
         self._rayrl_error: NonFiniteTrainingError | None = None
         super().build()
         self._rayrl_dtype = check_precision(self.rayrl.precision, self._device)
+        if self.rayrl.precision == "fp16" and self._device.type == "cpu":
+            # Correct but slow: CPUs without AVX512-FP16/AMX-FP16 run fp16 matmuls through
+            # reference kernels (docs/learner.md: 0.08x fp32 measured on an AMD EPYC).
+            logger.warning("precision.mode 'fp16' on a CPU learner: correct, but torch's CPU fp16 "
+                           "matmuls are much slower than fp32; use bf16 on CPUs and fp16 on GPUs.")
         self._rayrl_ddp = self.config.num_learners > 1 and dist.is_available() and dist.is_initialized()
         self._rayrl_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 

@@ -359,3 +359,30 @@ def test_learner_class_per_algorithm_and_unknown_name():
     assert issubclass(L.learner_class("IMPALA"), L.IMPALATorchLearner)
     with pytest.raises(SpecError, match="'DQN' has no rayrl learner; valid: PPO, APPO, IMPALA"):
         L.learner_class("DQN")
+
+
+# ---- the benchmark's smoke mode ----------------------------------------------------------------
+
+def test_precision_benchmark_quick_mode_prints_and_writes_figures(tmp_path, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "precision.py"
+    spec = importlib.util.spec_from_file_location("rayrl_bench_precision", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "precision.json"
+    assert bench.main(["--quick", "--rounds", "1", "--warmup", "0", "--batch", "256", "--out", str(out),
+                       "--devices", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    res = report["results"]["cpu"]
+    assert set(res) == {"fp32", "bf16", "fp16"}
+    assert res["fp32"]["ratio_vs_fp32"] == 1.0
+    for mode, r in res.items():
+        assert r["samples_per_s"] > 0
+        assert r["samples_per_s"] == pytest.approx(256 / r["median_update_s"])
+        assert r["ratio_vs_fp32"] == pytest.approx(r["samples_per_s"] / res["fp32"]["samples_per_s"])
+        assert f"cpu     {mode}" in printed
+    assert report["settings"]["hidden"] == [64, 64] and report["settings"]["batch"] == 256
