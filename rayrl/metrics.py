@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import time
 from pathlib import PurePosixPath
 from typing import Any, Callable, Mapping
@@ -190,19 +191,29 @@ class Publisher:
         return published
 
 
+# Tune trial ids: 8 hex digits (searcher trials) or 5 hex digits + "_" + 5 digits (grid/random).
+_TRIAL_ID = re.compile(r"_([0-9a-f]{8}|[0-9a-f]{5}_\d{5})_\d+(?:_|$)")
+
+
 def trial_tags(algorithm: Any) -> tuple[str, str]:
     """(experiment, trial) of a Tune trial's Algorithm; "none" for either outside Tune.
 
-    The experiment is "RUN/TUNE_EXPERIMENT" (e.g. "my-sweep/phase2", "my-run/tune"): the run
-    folder's name (the last part of Tune's storage path) and Tune's experiment in it, so two
-    sweeps' phase 2 do not share a tag.
+    RLlib drops Tune's trial info from the config, so inside a trial ``algorithm.trial_id`` says
+    "default"; the trial's StorageContext still names it. The experiment is "RUN/TUNE_EXPERIMENT"
+    (e.g. "my-sweep/phase2", "my-run/tune"): the run folder's name (the last part of Tune's
+    storage path) and Tune's experiment in it, so two sweeps' phase 2 do not share a tag. The
+    trial is Tune's trial id, parsed from the trial folder name ("PPO_CartPole-v1_<id>_<n>_...").
     """
     info = getattr(algorithm, "_trial_info", None)
-    experiment = getattr(info, "experiment_name", None)
-    root = getattr(getattr(algorithm, "_storage", None), "storage_fs_path", None)
+    storage = getattr(algorithm, "_storage", None)
+    experiment = getattr(info, "experiment_name", None) or getattr(storage, "experiment_dir_name", None)
+    root = getattr(storage, "storage_fs_path", None)
     if experiment and isinstance(root, str) and PurePosixPath(root).name:
         experiment = f"{PurePosixPath(root).name}/{experiment}"
-    trial = getattr(info, "trial_id", None) or getattr(algorithm, "trial_id", None)
+    trial = getattr(info, "trial_id", None)
+    if not trial:
+        match = _TRIAL_ID.search(str(getattr(storage, "trial_dir_name", None) or ""))
+        trial = match.group(1) if match else getattr(algorithm, "trial_id", None)
     return str(experiment or "none"), str(trial) if trial and trial != "default" else "none"
 
 

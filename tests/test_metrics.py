@@ -154,6 +154,15 @@ def test_trial_tags_inside_and_outside_tune():
     tuned = fake_algorithm(info)
     tuned._storage = SimpleNamespace(storage_fs_path="/data/runs/my-sweep", experiment_dir_name="phase2")
     assert metrics.trial_tags(tuned) == ("my-sweep/phase2", "a1b2_00003")
+    # What an RLlib Algorithm sees inside Tune: no trial info (RLlib drops it), a StorageContext.
+    for dirname, trial in [("PPO_CartPole-v1_79b25a53_3_disable_action_flattening=False,lr=0.0001_2026-11-30_14-12-06",
+                            "79b25a53"),
+                           ("PPO_CartPole-v1_db9e2_00000_0_2026-11-30_14-25-14", "db9e2_00000"),
+                           ("APPO_rayrl_ale_ALE_Pong-v5_0badcafe_12_2026-11-30_14-25-14", "0badcafe")]:
+        algo = fake_algorithm()
+        algo._storage = SimpleNamespace(storage_fs_path="/runs/cartpole", experiment_dir_name="tune",
+                                        trial_dir_name=dirname)
+        assert metrics.trial_tags(algo) == ("cartpole/tune", trial)
     assert metrics.trial_tags(fake_algorithm()) == ("none", "none")
 
 
@@ -221,8 +230,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _scrape(port: int, names: tuple[str, ...], timeout_s: float) -> dict[str, list[tuple[dict, float]]]:
-    """Poll the export until every name has a sample (metrics are exported every few seconds)."""
+def _scrape(port: int, names: tuple[str, ...], timeout_s: float,
+            tags: dict[str, str] | None = None) -> dict[str, list[tuple[dict, float]]]:
+    """Poll the export until every name has a sample (with ``tags``, if given): exports lag seconds."""
     deadline, found = time.monotonic() + timeout_s, {}
     line = re.compile(r'^(ray_rayrl_\w+)\{(.*)\} (\S+)$')
     while time.monotonic() < deadline:
@@ -234,55 +244,81 @@ def _scrape(port: int, names: tuple[str, ...], timeout_s: float) -> dict[str, li
         for text in body.splitlines():
             m = line.match(text)
             if m:
-                tags = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
-                found.setdefault(m.group(1), []).append((tags, float(m.group(3))))
-        if all(n in found for n in names):
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+                found.setdefault(m.group(1), []).append((labels, float(m.group(3))))
+        if all(any(tags is None or tags.items() <= t.items() for t, _ in found.get(n, [])) for n in names):
             return found
         time.sleep(1.0)
     return found
 
 
-@pytest.mark.slow
-def test_training_publishes_rayrl_metrics_to_prometheus():
+@pytest.fixture(scope="module")
+def metrics_port():
+    """A local Ray exporting metrics on a free port, shut down after this module's slow tests."""
     import ray
-
-    from rayrl import algo, spec
 
     port = _free_port()
     ray.init(num_cpus=1, _metrics_export_port=port, include_dashboard=False, log_to_driver=False)
-    try:
-        config = algo.build_config(spec.from_dict({"algo": {"train_batch_per_learner": 512, "minibatch_size": 128},
-                                                   "resources": {"env_runners": 0}}))
-        # The spec's prices, as learner_settings would carry them: the cost gauge is computed in-process.
+    yield port
+    ray.shutdown()
+
+
+def small_config(priced: bool = True):
+    from rayrl import algo, spec
+
+    config = algo.build_config(spec.from_dict({"algo": {"train_batch_per_learner": 512, "minibatch_size": 128},
+                                               "resources": {"env_runners": 0}}))
+    if priced:  # the spec's prices, as learner_settings would carry them: cost is computed in-process
         config.learners(learner_config_dict={**config.learner_config_dict,
                                              "cost": {"gpu_hour_usd": 3.0, "cpu_hour_usd": 0.05}})
-        algorithm = config.build_algo()
-        try:
-            results = [algorithm.train() for _ in range(3)]
-        finally:
-            algorithm.stop()
-        last = results[-1]
-        for key in (keys.CPU_UTIL, keys.MEM_UTIL, keys.GPU_UTIL, keys.NET_UTIL, keys.LEARNER_SAMPLES_PER_S):
-            assert keys.lookup(last, key) is not None, key
-        assert 0.0 < keys.lookup(last, keys.MEM_UTIL) < 1.0
-        names = ("ray_rayrl_env_steps_per_s", "ray_rayrl_batch_size", "ray_rayrl_cpu_util", "ray_rayrl_mem_util",
-                 "ray_rayrl_nonfinite_steps", "ray_rayrl_learner_samples_per_s", "ray_rayrl_episode_return",
-                 "ray_rayrl_cost_per_million_samples")
-        found = _scrape(port, names, timeout_s=60)
-        missing = [n for n in names if n not in found]
-        assert not missing, f"not exported within 60 s: {missing}; got {sorted(found)}"
-        value = lambda n: found[n][0][1]  # noqa: E731
-        tags = found["ray_rayrl_batch_size"][0][0]
-        assert tags["experiment"] == "none" and tags["trial"] == "none"
-        assert value("ray_rayrl_batch_size") == 512.0
-        assert 10.0 < value("ray_rayrl_env_steps_per_s") < 1e6
-        assert 0.0 <= value("ray_rayrl_cpu_util") <= 1.0 and 0.0 < value("ray_rayrl_mem_util") < 1.0
-        assert value("ray_rayrl_nonfinite_steps") == 0.0
-        assert 8.0 <= value("ray_rayrl_episode_return") <= 500.0   # CartPole returns
-        # One process (2 CPUs: trial + local env runner... here 1 main CPU) at $0.05/CPU-hour: a tiny figure.
-        assert 0.0 < value("ray_rayrl_cost_per_million_samples") < 100.0
+    return config
+
+
+@pytest.mark.slow
+def test_training_publishes_rayrl_metrics_to_prometheus(metrics_port):
+    algorithm = small_config().build_algo()
+    try:
+        results = [algorithm.train() for _ in range(3)]
     finally:
-        ray.shutdown()
+        algorithm.stop()
+    last = results[-1]
+    for key in (keys.CPU_UTIL, keys.MEM_UTIL, keys.GPU_UTIL, keys.NET_UTIL, keys.LEARNER_SAMPLES_PER_S):
+        assert keys.lookup(last, key) is not None, key
+    assert 0.0 < keys.lookup(last, keys.MEM_UTIL) < 1.0 and 0.0 <= keys.lookup(last, keys.CPU_UTIL) <= 1.0
+    names = ("ray_rayrl_env_steps_per_s", "ray_rayrl_batch_size", "ray_rayrl_cpu_util", "ray_rayrl_mem_util",
+             "ray_rayrl_nonfinite_steps", "ray_rayrl_learner_samples_per_s", "ray_rayrl_episode_return",
+             "ray_rayrl_cost_per_million_samples")
+    found = _scrape(metrics_port, names, timeout_s=60, tags={"experiment": "none", "trial": "none"})
+    missing = [n for n in names if n not in found]
+    assert not missing, f"not exported within 60 s: {missing}; got {sorted(found)}"
+    mine = {n: [v for tags, v in found[n] if tags.get("experiment") == "none"] for n in names}
+    value = lambda n: mine[n][-1]  # noqa: E731
+    assert value("ray_rayrl_batch_size") == 512.0
+    assert 10.0 < value("ray_rayrl_env_steps_per_s") < 1e6
+    assert 0.0 <= value("ray_rayrl_cpu_util") <= 1.0 and 0.0 < value("ray_rayrl_mem_util") < 1.0
+    assert value("ray_rayrl_nonfinite_steps") == 0.0
+    assert value("ray_rayrl_learner_samples_per_s") > 0.0
+    assert 8.0 <= value("ray_rayrl_episode_return") <= 500.0   # CartPole returns
+    # 1 CPU at $0.05/hour for well under a minute, over ~1.5k env steps: cents per million at most.
+    assert 0.0 < value("ray_rayrl_cost_per_million_samples") < 10.0
+
+
+@pytest.mark.slow
+def test_tune_trials_are_tagged_with_run_experiment_and_trial_id(metrics_port, tmp_path):
+    from ray import tune
+
+    from rayrl.algo import algorithm_class
+
+    tuner = tune.Tuner(algorithm_class("PPO"), param_space=small_config(priced=False),
+                       run_config=tune.RunConfig(name="phase2", storage_path=str(tmp_path / "my-sweep"),
+                                                 stop={keys.ITERATION: 2}, verbose=0))
+    result = tuner.fit()[0]
+    assert result.error is None
+    trial_id = result.metrics["trial_id"]
+    want = {"experiment": "my-sweep/phase2", "trial": trial_id}
+    found = _scrape(metrics_port, ("ray_rayrl_batch_size", "ray_rayrl_env_steps_per_s"), timeout_s=60, tags=want)
+    tags = [t for t, _ in found.get("ray_rayrl_batch_size", [])]
+    assert any(want.items() <= t.items() for t in tags), f"no series tagged {want}: {tags}"
 
 
 # ---------------------------------------------------------------------------------------------
