@@ -574,7 +574,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = load(args.run_dir)
         baseline = load(args.baseline) if args.baseline else None
         checks = evaluate(run, baseline)
-        pngs = {name: _png(fig) for name, fig in figures(run).items()}
+        try:
+            pngs = {name: _png(fig) for name, fig in figures(run).items()}
+        except ImportError:  # matplotlib is in the dev extra; the tables need no plots
+            pngs = {}
+            run.notes.append("no plots: matplotlib is not installed (pip install matplotlib).")
         text = render(run, checks, pngs, baseline)
         out = Path(args.out) if args.out else run.path
         _write(out, text, pngs)

@@ -371,3 +371,21 @@ def test_nonfinite_numbers_do_not_break_the_report(tmp_path):
     # 11 points: the warm-up iteration is not judged.
     assert "| training | loss without spikes | 0 rises > median + 6 MAD of changes | 11 spikes in 11 points" in text
     assert "| iterations | 12 |" in text
+
+
+def test_report_without_matplotlib_still_writes_the_tables(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    root = write_run(tmp_path / "s")
+    assert report.main([str(root)]) == 0
+    text = (root / "report.md").read_text()
+    assert "no plots: matplotlib is not installed" in text and "## Acceptance" in text
+    assert not (root / "plots" / "doubling.png").exists()
