@@ -118,3 +118,22 @@ def test_consecutive_nonfinite_steps_fail_the_run_with_the_causes(ray_local, nam
     assert "3 consecutive optimizer steps" in msg and "learning rate is too high" in msg, msg
     assert "reward scale" in msg and "gradient clipping" in msg and "last good checkpoint" in msg
     assert all(torch.equal(start[k], end[k]) for k in start)
+
+
+@pytest.mark.slow
+def test_fp16_loss_scale_survives_an_algorithm_checkpoint(ray_local, tmp_path):
+    sections = dict(algo={"train_batch_per_learner": 200, "minibatch_size": 50, "epochs": 2},
+                    precision={"mode": "fp16"})
+    algorithm = build({"fp16_init_scale": 8.0, "fp16_growth_interval": 1}, **sections)
+    try:
+        scale = algorithm.train()["rayrl"]["loss_scale"]
+        algorithm.save_to_path(str(tmp_path))
+    finally:
+        algorithm.stop()
+    assert scale > 8.0  # grew from its start, so a restore to the default 65536 would be visible
+    restored = build(**sections)  # default init scale 65536
+    try:
+        restored.restore_from_path(str(tmp_path))
+        assert restored.learner_group._learner._rayrl_scaler(MID).get_scale() == scale
+    finally:
+        restored.stop()
