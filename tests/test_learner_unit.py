@@ -384,5 +384,6 @@ def test_precision_benchmark_quick_mode_prints_and_writes_figures(tmp_path, caps
         assert r["samples_per_s"] > 0
         assert r["samples_per_s"] == pytest.approx(256 / r["median_update_s"])
         assert r["ratio_vs_fp32"] == pytest.approx(r["samples_per_s"] / res["fp32"]["samples_per_s"])
+        assert r["best_samples_per_s"] == pytest.approx(256 / r["min_update_s"])
         assert f"cpu     {mode}" in printed
     assert report["settings"]["hidden"] == [64, 64] and report["settings"]["batch"] == 256
