@@ -149,6 +149,7 @@ class RayrlTorchLearnerMixin:
     # ---- set-up ---------------------------------------------------------------------------------
 
     def build(self) -> None:
+        """Validate the settings and the device's precision now, so a bad run fails at start."""
         self.rayrl = LearnerSettings.from_config(self.config.learner_config_dict)
         self._rayrl_hook = resolve_hook(self.rayrl.loss_hook) if self.rayrl.loss_hook else None
         self._rayrl_scalers: dict[str, torch.amp.GradScaler] = {}
@@ -161,7 +162,7 @@ class RayrlTorchLearnerMixin:
         self._rayrl_dtype = check_precision(self.rayrl.precision, self._device)
         if self.rayrl.precision == "fp16" and self._device.type == "cpu":
             # Correct but slow: CPUs without AVX512-FP16/AMX-FP16 run fp16 matmuls through
-            # reference kernels (docs/learner.md: 0.08x fp32 measured on an AMD EPYC).
+            # reference kernels (docs/learner.md: ~0.06x fp32 measured on an AMD EPYC).
             logger.warning("precision.mode 'fp16' on a CPU learner: correct, but torch's CPU fp16 "
                            "matmuls are much slower than fp32; use bf16 on CPUs and fp16 on GPUs.")
         self._rayrl_ddp = self.config.num_learners > 1 and dist.is_available() and dist.is_initialized()
@@ -246,7 +247,8 @@ class RayrlTorchLearnerMixin:
         """Average gradients over learners and OR the loss flags, in one collective.
 
         Every rank then holds the same gradients and flags, so all ranks take the same
-        step-or-skip decision and the weights stay identical.
+        step-or-skip decision and the weights stay identical. A module no rank had a loss for
+        is dropped from ``loss_bad`` (it is not stepped: a zero gradient would still move Adam).
         """
         parts, params = [], []
         for _, ps in groups.values():
@@ -255,8 +257,10 @@ class RayrlTorchLearnerMixin:
                     p.grad = torch.zeros_like(p)
                 parts.append(p.grad.reshape(-1))
                 params.append(p)
-        flags = [loss_bad.get(mid, torch.zeros((), dtype=torch.bool, device=self._device)).float().reshape(1)
-                 for mid in groups]
+        flags = []  # per module: [loss not finite here, module had a loss here]
+        for mid in groups:
+            flag = loss_bad.get(mid, torch.zeros((), dtype=torch.bool, device=self._device)).float().reshape(1)
+            flags += [flag, torch.full((1,), float(mid in loss_bad), device=self._device)]
         buf = torch.cat(parts + flags)
         dist.all_reduce(buf, op=dist.ReduceOp.SUM)
         n_grad = buf.numel() - len(flags)
@@ -266,7 +270,11 @@ class RayrlTorchLearnerMixin:
             p.grad.copy_(buf[offset:offset + p.numel()].view_as(p.grad))
             offset += p.numel()
         for i, mid in enumerate(groups):
-            loss_bad[mid] = buf[n_grad + i] > 0
+            bad, present = buf[n_grad + 2 * i: n_grad + 2 * i + 2].tolist()
+            if present > 0:
+                loss_bad[mid] = torch.tensor(bad > 0, device=self._device)
+            else:
+                loss_bad.pop(mid, None)
 
     def _rayrl_step(self) -> None:
         """Unscale, check, clip and step each module; skip (and count) a non-finite step."""
@@ -277,7 +285,7 @@ class RayrlTorchLearnerMixin:
             self._rayrl_allreduce(groups, loss_bad)
         for mid, (optims, params) in groups.items():
             grads = [p.grad for p in params if p.grad is not None]
-            if not grads:
+            if not grads or mid not in loss_bad:  # frozen, or no loss for it in this group
                 continue
             if n < s.accumulation_steps:  # partial group: the mean over the n minibatches it has
                 torch._foreach_mul_(grads, s.accumulation_steps / n)
@@ -286,8 +294,7 @@ class RayrlTorchLearnerMixin:
                 for optim in optims:
                     scaler.unscale_(optim)
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads]))
-            bad = loss_bad.get(mid, torch.zeros((), dtype=torch.bool, device=norm.device))
-            bad_value, norm_value = torch.stack([bad.float(), norm.float()]).tolist()  # one device sync
+            bad_value, norm_value = torch.stack([loss_bad[mid].float(), norm.float()]).tolist()  # one sync
             loss_ok = bad_value == 0.0
             outcome = OPTIMIZER_STEPS
             if loss_ok and math.isfinite(norm_value):
