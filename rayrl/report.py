@@ -289,6 +289,32 @@ def _ladder_rate(doubling: pd.DataFrame | None, batch: Any) -> float | None:
     return float(rows["env_steps_per_s"].iloc[0]) if not rows.empty else None
 
 
+def config_cost(run: RunFolder, role: str, warmup_iters: int = 1) -> tuple[float | None, str]:
+    """Steady-state USD per effective sample of a run's configuration: hourly rate / env steps/s.
+
+    The same measure for every run, start-up excluded: a sweep as subject is the ladder's rung at
+    the best trial's batch size (the config it ships; the knee if no best), as baseline its first
+    rung (the guide's baseline); a train run is its median env steps/s after warm-up. Returns
+    (value or None, what was measured).
+    """
+    res, prices = run.resources, run.prices
+    if run.kind == "sweep":
+        ladder = ladder_costs(run)
+        best = (run.summary.get("best") or {}).get("batch_size")
+        if role == "subject":
+            batch, name = (int(best), "best batch") if best is not None else (knee_batch(run), "knee")
+        else:
+            batch, name = int(ladder["batch_size"].iloc[0]), "first rung"
+        rows = ladder[ladder["batch_size"] == batch]
+        if rows.empty or not math.isfinite(rows["usd_per_m_samples"].iloc[0]):
+            return None, f"no measured rung at batch {batch} in doubling.csv"
+        return float(rows["usd_per_m_samples"].iloc[0]) / 1e6, f"{name} {batch}"
+    rate = after_warmup(run.history, warmup_iters)["env_steps_per_s"].median()
+    if not rate or not math.isfinite(rate):
+        return None, "no env steps/s in history.csv"
+    return cost.cost_per_sample_at(res, float(rate), prices), f"{run.name} at {rate:,.0f} steps/s"
+
+
 def evaluate(run: RunFolder, baseline: RunFolder | None = None, t: Thresholds | None = None) -> list[Check]:
     """All acceptance checks of ``run`` (cost against ``baseline`` if given, else the first rung)."""
     t = t or thresholds_from(run.spec)
@@ -316,23 +342,14 @@ def evaluate(run: RunFolder, baseline: RunFolder | None = None, t: Thresholds | 
     checks.append(check_return(float(returns.iloc[-1]) if not returns.empty else None, target))
     checks.append(check_stability(subject["episode_return_mean"], t))
 
-    if baseline is not None:
-        ours, theirs = run_costs(run), run_costs(baseline)
-        checks.append(check_cost(ours["usd_per_sample"], theirs["usd_per_sample"], f"baseline run {baseline.name}", t))
+    if baseline is None and run.kind == "train":
+        checks.append(check_cost(None, None, "no baseline: pass --baseline RUN_DIR (a sweep, whose first rung is "
+                                 "the baseline, or another train run)", t))
     else:
-        ladder = ladder_costs(run)
-        knee = knee_batch(run)
-        if ladder is None:
-            checks.append(check_cost(None, None, "no baseline: pass --baseline RUN_DIR (a train run has no ladder)", t))
-        else:
-            at_knee = ladder[ladder["batch_size"] == knee]
-            first = int(ladder["batch_size"].iloc[0])
-            if at_knee.empty:
-                checks.append(check_cost(None, None, f"no knee rung in doubling.csv (knee {knee})", t))
-            else:
-                checks.append(check_cost(float(at_knee["usd_per_m_samples"].iloc[0]) / 1e6,
-                                         float(ladder["usd_per_m_samples"].iloc[0]) / 1e6,
-                                         f"knee {knee} vs first rung {first}", t))
+        value, ours = config_cost(run, "subject", t.warmup_iters)
+        base, theirs = config_cost(baseline or run, "baseline", t.warmup_iters)
+        where = f" of {baseline.name}" if baseline is not None else ""
+        checks.append(check_cost(value, base, f"{ours} vs {theirs}{where}", t))
     checks += [check_recovery(run.drill, t), check_restore(run.drill, t)]
     return checks
 

@@ -111,11 +111,13 @@ def load(path: str | Path) -> RunFolder:
 
 
 def best_trial_id(run: RunFolder) -> str | None:
-    """The phase-2 trial summary.json names best (matched on batch size and lr), else the top return."""
+    """The phase-2 trial summary.json names best (by trial_id, else batch size and lr), else the top return."""
     trials = run.trials
     if trials is None or trials.empty:
         return None
     best = run.summary.get("best") or {}
+    if best.get("trial_id") is not None and str(best["trial_id"]) in set(trials["trial_id"].astype(str)):
+        return str(best["trial_id"])
     if "batch_size" in best and "lr" in best:
         match = trials[(trials["batch_size"] == best["batch_size"])]
         if not match.empty:
