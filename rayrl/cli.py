@@ -79,6 +79,11 @@ DELEGATED = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:  # the module parses its own flags, --help included
+        import importlib
+
+        return int(importlib.import_module(f"rayrl.{DELEGATED[argv[0]][0]}").main(argv[1:]))
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -88,11 +93,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return train.main(args)
         if args.command == "spec":
             return _spec(args)
-        if args.command in DELEGATED:
-            import importlib
-
-            module = importlib.import_module(f"rayrl.{DELEGATED[args.command][0]}")
-            return int(module.main(list(args.rest)))
     except (SpecError, UsageError) as exc:
         _fail(str(exc))
         return EXIT_USAGE

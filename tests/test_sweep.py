@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -147,11 +148,18 @@ def test_ray_job_submit_runs_the_smoke_sweep(tmp_path):
         else:
             pytest.fail("the head's Jobs API did not come up within 120 s")
         storage = tmp_path / "runs"
-        proc = subprocess.run([ray_bin, "job", "submit", "--address", address, "--working-dir", ".", "--",
-                               "python", "experiments/sweep.py", "--smoke", "--storage", str(storage),
-                               "--name", "job"], env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-        assert "SUCCEEDED" in proc.stdout + proc.stderr, proc.stdout[-4000:] + proc.stderr[-4000:]
-        assert proc.returncode == 0
+        submit = [ray_bin, "job", "submit", "--address", address, "--working-dir", ".", "--",
+                  "python", "experiments/sweep.py", "--smoke", "--storage", str(storage), "--name", "job"]
+        for _ in range(30):  # the Jobs API answers before the node's job agent is ready
+            proc = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+            if "No available agent" not in proc.stdout + proc.stderr:
+                break
+            time.sleep(2)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        job_id = re.search(r"raysubmit_\w+", proc.stdout + proc.stderr).group(0)
+        status = subprocess.run([ray_bin, "job", "status", "--address", address, job_id], env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert re.search(r"job '\w+' succeeded", status.stdout + status.stderr, re.I), status.stdout
         assert "Started a local Ray" not in proc.stdout  # it joined the cluster
         check_run_folder(storage / "job")
     finally:
