@@ -18,6 +18,7 @@ See docs/learner.md for the settings and the figures.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import logging
 import math
@@ -93,6 +94,8 @@ def learner_settings(spec: Spec) -> dict:
         "max_nonfinite_steps": spec.precision.max_nonfinite_steps,
         "fp16_init_scale": LearnerSettings.fp16_init_scale,
         "fp16_growth_interval": LearnerSettings.fp16_growth_interval,
+        # Prices travel with the config so each trial can publish its cost per million samples.
+        "cost": dataclasses.asdict(spec.cost),
     }
 
 

@@ -26,6 +26,8 @@ import numpy as np
 import pandas as pd
 
 from rayrl import cost, keys
+from rayrl.spec import AcceptanceSpec, SpecError, build_section
+
 from rayrl.runfolder import RunFolder, RunFolderError, knee_batch, load, subject_history
 
 PASS, FAIL, NA = "PASS", "FAIL", "N/A"
@@ -33,23 +35,8 @@ PARTS = ("hardware", "training", "reward", "cost", "fault tolerance")
 EXIT_USAGE = 2
 
 
-@dataclass(frozen=True)
-class Thresholds:
-    """Acceptance thresholds (the guide's figures); override any in spec.yaml under ``acceptance:``."""
-
-    gpu_util_min: float = 0.90            #: mean GPU utilisation after warm-up, at least
-    mem_util_max: float = 0.95            #: peak memory (GPU, else host), below
-    net_util_max: float = 0.80            #: peak NIC throughput / link speed, below
-    env_steps_per_s: float | None = None  #: expected env steps/s; None: the ladder's rung at the batch
-    env_steps_per_s_tolerance: float = 0.10  #: measured may fall this fraction short of expected
-    loss_spike_k: float = 6.0             #: a spike: a rise > median + k scaled MADs of the changes
-    episode_return: float | None = None   #: reward target; None: the spec's stop.episode_return
-    return_cv_max: float = 0.10           #: coefficient of variation of the return, below
-    return_cv_window: int = 10            #: ... over the last this many iterations
-    cost_reduction_min: float = 0.10      #: cost per effective sample at least this far below baseline
-    recovery_s_max: float = 300.0         #: every drill recovers in under this many seconds
-    restore_rate_min: float = 1.0         #: checkpoint restores that must succeed (fraction)
-    warmup_iters: int = 1                 #: first iterations of a trial not judged (start-up)
+# The thresholds live in the spec (``acceptance:``), documented there with their defaults.
+Thresholds = AcceptanceSpec
 
 
 @dataclass(frozen=True)
@@ -64,19 +51,11 @@ class Check:
 
 
 def thresholds_from(spec: dict) -> Thresholds:
-    """Thresholds with the spec's optional ``acceptance:`` block applied (unknown keys are errors)."""
-    block = spec.get("acceptance") or {}
-    if not isinstance(block, dict):
-        raise RunFolderError(f"spec.yaml: acceptance is {block!r}, not a mapping of thresholds.")
-    fields = {f.name for f in dataclasses.fields(Thresholds)}
-    values: dict[str, Any] = {}
-    for key, value in block.items():
-        if key not in fields:
-            raise RunFolderError(f"spec.yaml: acceptance.{key} is not a threshold; valid: {', '.join(sorted(fields))}.")
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise RunFolderError(f"spec.yaml: acceptance.{key} = {value!r} is not a number.")
-        values[key] = int(value) if key in ("return_cv_window", "warmup_iters") and value is not None else value
-    return Thresholds(**values)
+    """Thresholds with the spec's optional ``acceptance:`` block applied (validated like any spec)."""
+    try:
+        return build_section(AcceptanceSpec, spec.get("acceptance"), "acceptance")
+    except SpecError as exc:
+        raise RunFolderError(f"spec.yaml: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -134,6 +134,30 @@ class CostSpec:
 
 
 @dataclass(frozen=True)
+class AcceptanceSpec:
+    gpu_util_min: float = doc(0.90, "hardware: mean GPU utilisation after warm-up, at least (fraction)", ge=0.0,
+                              le=1.0)
+    mem_util_max: float = doc(0.95, "hardware: peak memory (GPU, else host), below (fraction)", ge=0.0, le=1.0)
+    net_util_max: float = doc(0.80, "hardware: peak NIC throughput / link speed, below (fraction)", ge=0.0,
+                              le=1.0)
+    env_steps_per_s: float | None = doc(None, "training: expected env steps/s; null: the ladder's rung at the "
+                                        "judged batch", gt=0.0)
+    env_steps_per_s_tolerance: float = doc(0.10, "training: measured may fall this fraction short of expected",
+                                           ge=0.0, lt=1.0)
+    loss_spike_k: float = doc(6.0, "training: a loss spike is a rise > median + k scaled MADs of the changes",
+                              gt=0.0)
+    episode_return: float | None = doc(None, "reward: target return; null: stop.episode_return")
+    return_cv_max: float = doc(0.10, "reward: coefficient of variation of the return, below", gt=0.0)
+    return_cv_window: int = doc(10, "reward: ... over the last this many iterations", min=2)
+    cost_reduction_min: float = doc(0.10, "cost: cost per effective sample at least this far below the baseline",
+                                    ge=0.0, lt=1.0)
+    recovery_s_max: float = doc(300.0, "fault tolerance: every drill recovers in under this many seconds", gt=0.0)
+    restore_rate_min: float = doc(1.0, "fault tolerance: fraction of checkpoint restores that must succeed",
+                                  ge=0.0, le=1.0)
+    warmup_iters: int = doc(1, "first iterations of a trial not judged (start-up)", min=0)
+
+
+@dataclass(frozen=True)
 class Spec:
     name: str = doc("rayrl", "experiment name: the run folder under the storage path")
     seed: int = doc(0, "seed for torch, the envs and the searchers", min=0)
@@ -145,6 +169,7 @@ class Spec:
     checkpoint: CheckpointSpec = doc(CheckpointSpec(), "checkpoints and retries")
     search: SearchSpec = doc(SearchSpec(), "the sweep: doubling rule then ASHA/HyperBand + Optuna")
     cost: CostSpec = doc(CostSpec(), "prices for cost per effective sample")
+    acceptance: AcceptanceSpec = doc(AcceptanceSpec(), "thresholds of the five-part acceptance report")
 
     @property
     def global_batch(self) -> int:
@@ -200,7 +225,7 @@ def _convert(path: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
             return None
         (tp,) = [a for a in args if a is not type(None)]
     if _is_spec(tp):
-        return _build(tp, value, path)
+        return build_section(tp, value, path)
     if tp is float:
         if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string; accept what float() does
             try:
@@ -249,7 +274,7 @@ def _check_range(path: str, value: Any, meta: Mapping[str, Any]) -> None:
             raise SpecError(f"{path}: {value!r} is out of range; it must be {op} {meta[key]}.")
 
 
-def _build(cls: type, data: Any, path: str) -> Any:
+def build_section(cls: type, data: Any, path: str) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -271,7 +296,7 @@ def _build(cls: type, data: Any, path: str) -> Any:
 
 def from_dict(data: Mapping[str, Any] | None) -> Spec:
     """Build and validate a Spec from plain data (a parsed YAML tree)."""
-    spec = _build(Spec, data, "")
+    spec = build_section(Spec, data, "")
     validate(spec)
     return spec
 

@@ -106,12 +106,11 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
 
 
 def trial_resources(spec: Spec) -> dict:
-    """CPUs and GPUs one trial holds, for cost accounting."""
-    r = spec.resources
-    learners = max(r.learners, 1)
-    gpus = r.gpus_per_learner * learners
-    cpus = 1 + r.env_runners * r.cpus_per_env_runner + (r.learners * r.cpus_per_learner if r.learners else 0)
-    return {"cpus_per_trial": cpus, "gpus_per_trial": gpus}
+    """CPUs and GPUs one trial holds, for cost accounting (rayrl.cost's model)."""
+    from rayrl.cost import trial_resources as reserved
+
+    held = reserved(spec.resources)
+    return {"cpus_per_trial": held.cpus, "gpus_per_trial": held.gpus}
 
 
 def _jsonable(value: Any) -> Any:
