@@ -27,8 +27,17 @@ pytestmark = pytest.mark.slow
 SWEEP = [sys.executable, str(ROOT / "experiments" / "sweep.py")]
 
 
+def readme_sweep() -> list[str]:
+    """The README quick start's main job, as the user types it (`python experiments/sweep.py`)."""
+    from test_readme import main_job_command
+
+    program, *args = main_job_command()
+    assert program == "python"
+    return [sys.executable, *args]
+
+
 def run_sweep(storage: Path, name: str, *extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*SWEEP, "--smoke", "--storage", str(storage), "--name", name, "--num-cpus", "2", *extra],
+    proc = subprocess.run([*readme_sweep(), "--smoke", "--storage", str(storage), "--name", name, "--num-cpus", "2", *extra],
                           env=subprocess_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc

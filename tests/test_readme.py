@@ -1,0 +1,91 @@
+"""The README stays true: its quick start is what CI and the tests run, its commands and files exist."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, subprocess_env
+
+README = (ROOT / "README.md").read_text()
+
+
+def quick_start() -> list[str]:
+    block = re.search(r"(?is)quick ?start.*?```(?:bash|sh|shell)\n(.*?)```", README).group(1)
+    return [line for line in block.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def main_job_command() -> list[str]:
+    """The job step of the quick start's first command: `python experiments/sweep.py`."""
+    return shlex.split(quick_start()[0].split("&&")[-1])
+
+
+def test_quick_start_is_two_commands_setup_and_job_then_setup_and_tests():
+    first, second = quick_start()
+    for command in (first, second):
+        assert "python3 -m venv .venv" in command and "pip install torch==2.13.0" in command
+    assert main_job_command() == ["python", "experiments/sweep.py"]
+    assert second.split("&&")[-1].strip().startswith("python -m pytest")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "commands[1]" in ci and 'bash -c "$test_cmd"' in ci  # CI runs the second command verbatim
+
+
+def test_every_path_the_readme_names_exists():
+    named = set(re.findall(r"`((?:experiments|cluster_configs|notebooks|docs|monitoring|benchmarks|rayrl)"
+                           r"/[\w./-]*)`", README))
+    named |= set(re.findall(r"\((docs/[\w.-]+)\)", README))
+    named = {p for p in named if not p.startswith("rayrl/") or p.endswith(".py")}  # rayrl/x is also a metric key
+    assert len(named) > 10
+    missing = sorted(p for p in named if not (ROOT / p.rstrip("/")).exists())
+    assert missing == []
+
+
+def _commands_in_code_blocks() -> list[list[str]]:
+    commands = []
+    for block in re.findall(r"```(?:bash|sh|shell)?\n(.*?)```", README, re.S):
+        for line in block.splitlines():
+            line = line.split("  #")[0].strip()
+            if line.startswith(("rayrl ", "python experiments/")):
+                commands.append(shlex.split(line.replace("[", "").replace("]", "").replace("...", "")))
+    return commands
+
+
+@pytest.mark.parametrize("program", ["train", "spec", "cluster", "report", "doctor", "drill"])
+def test_each_documented_rayrl_command_has_help(program):
+    documented = {c[1] for c in _commands_in_code_blocks() if c[0] == "rayrl"}
+    assert program in documented
+    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", program, "--help"], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage" in proc.stdout.lower()
+
+
+def test_sweep_help_lists_the_documented_flags():
+    proc = subprocess.run([sys.executable, "experiments/sweep.py", "--help"], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=120, cwd=ROOT)
+    assert proc.returncode == 0
+    for flag in ("--config", "--name", "--storage", "--set", "--smoke"):
+        assert flag in proc.stdout
+
+
+def test_readme_cluster_validate_command_passes_on_the_shipped_configs():
+    line = next(l for l in README.splitlines() if l.startswith("rayrl cluster validate"))
+    args = shlex.split(line.split("#")[0])
+    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", *args[1:]], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("OK ") >= 6
+
+
+def test_readme_lists_every_spec_section():
+    from rayrl.spec import Spec
+    import dataclasses
+
+    for f in dataclasses.fields(Spec):
+        if dataclasses.is_dataclass(f.default):
+            assert f"- `{f.name}`" in README, f"README's spec section misses {f.name}"
