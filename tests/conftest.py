@@ -13,9 +13,13 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAYRL_DASHBOARD", "0")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_local():
-    """A local Ray with 2 CPUs shared by every in-process test that needs one."""
+    """A local Ray with 2 CPUs shared by the in-process tests of one module.
+
+    Module scope, not session: some modules start a Ray of their own (metrics export port,
+    multi-node clusters), which needs no other Ray in this process.
+    """
     import ray
 
     if not ray.is_initialized():
