@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import logging
 import math
 from collections import defaultdict
@@ -32,7 +31,7 @@ from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
 from ray.rllib.algorithms.impala.torch.impala_torch_learner import IMPALATorchLearner
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 
-from rayrl.spec import PRECISIONS, Spec, SpecError
+from rayrl.spec import PRECISIONS, Spec, SpecError, import_callable
 
 # Per-module learner metrics; rayrl.algo.RayrlCallback copies them into result["rayrl"].
 NONFINITE_STEPS = "rayrl_nonfinite_steps"      #: skipped non-finite steps, lifetime (rank 0 counts)
@@ -101,15 +100,8 @@ def learner_settings(spec: Spec) -> dict:
 
 def resolve_hook(target: str) -> Callable[..., torch.Tensor]:
     """Import a loss hook 'module:function' (fault drills and tests inject non-finite losses)."""
-    module, _, name = str(target).partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise SpecError(f"learner_config_dict['loss_hook']: {target!r} cannot be imported ({exc}); give "
-                        "'package.module:function' taking (loss, *, module_id, step) -> loss.") from None
-    if not callable(fn):
-        raise SpecError(f"learner_config_dict['loss_hook']: {target!r} is not callable.")
-    return fn
+    return import_callable(target, "learner_config_dict['loss_hook']",
+                           "'package.module:function' taking (loss, *, module_id, step) -> loss")
 
 
 def check_precision(mode: str, device: torch.device | str) -> torch.dtype | None:

@@ -11,7 +11,6 @@ run on its one trial. See docs/observability.md for every definition.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
 import math
 import numbers

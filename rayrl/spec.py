@@ -349,14 +349,19 @@ def check_env(env_id: str) -> None:
 
 def resolve_factory(target: str) -> Any:
     """Import 'package.module:function'; the function builds the env from env_config."""
-    module, _, name = target.partition(":")
+    return import_callable(target, "env.id", "'package.module:function' importable on every node, or a "
+                           "gymnasium id")
+
+
+def import_callable(target: str, field_name: str, expected: str) -> Any:
+    """Import 'package.module:function' named by a user, or raise SpecError naming the field."""
+    module, _, name = str(target).partition(":")
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise SpecError(f"env.id: {target!r} cannot be imported ({exc}); give 'package.module:function' "
-                        "importable on every node, or a gymnasium id.") from None
+        raise SpecError(f"{field_name}: {target!r} cannot be imported ({exc}); give {expected}.") from None
     if not callable(fn):
-        raise SpecError(f"env.id: {target!r} is not callable; it must be a function env_config -> Env.")
+        raise SpecError(f"{field_name}: {target!r} is not callable; give {expected}.")
     return fn
 
 

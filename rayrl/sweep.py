@@ -242,7 +242,6 @@ def _phase_env_steps(history: Path, phase: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python experiments/sweep.py ...` (see --help)."""
-    import argparse
     import sys
     import textwrap
 
