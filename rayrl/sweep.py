@@ -271,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     except SweepError as exc:
         sys.stderr.write(textwrap.fill(f"sweep: error: {exc}", width=100) + "\n")
         return 1
+    except SpecError as exc:  # a damaged run folder found on resume
+        sys.stderr.write(textwrap.fill(f"sweep: error: {exc}", width=100) + "\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write("\nsweep: interrupted; run the same command again to resume.\n")
         return 130

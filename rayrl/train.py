@@ -42,6 +42,7 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
     trainable = algorithm_class(spec.algo.name)
     exp_path = _join(paths.storage, paths.name, subdir)
     if tune.Tuner.can_restore(exp_path):
+        check_experiment_state(exp_path)
         return tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True,
                                   param_space=param_space)
     run_config = tune.RunConfig(
@@ -64,6 +65,28 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
     tune_config.trial_dirname_creator = trial_dirname
     return tune.Tuner(trainable, param_space=param_space if param_space is not None else build_config(spec),
                       tune_config=tune_config, run_config=run_config)
+
+
+def check_experiment_state(exp_path: str) -> None:
+    """Refuse to resume from a torn experiment state: Tune then restarts the run with no trial and hangs.
+
+    Tune copies experiment_state-*.json to storage non-atomically, so a kill during that copy
+    leaves a cut-short file; Tune resumes from the newest one (by name).
+    """
+    if "://" in exp_path:
+        return
+    states = sorted(Path(exp_path).glob("experiment_state-*.json"))
+    if not states:
+        return
+    try:
+        json.loads(states[-1].read_text())
+    except (ValueError, UnicodeDecodeError):
+        earlier = (f"move that file aside to resume from the {len(states) - 1} earlier state file(s)" if len(states) > 1
+                   else "there is no earlier state file, so")
+        raise spec_mod.SpecError(
+            f"{states[-1]}: Tune's experiment state is cut short (the run was killed while it was being "
+            f"written), so the run cannot resume from it. The checkpoints in {exp_path} are intact: {earlier} "
+            "or start again with a new --name.") from None
 
 
 def trial_dirname(trial: Any) -> str:
