@@ -145,6 +145,9 @@ def _ray_checks(config: dict) -> tuple[list[str], dict | None]:
     except Exception as exc:  # Ray raises KeyError, AssertionError, click exceptions ... here
         return [f"Ray's launcher cannot read it ({type(exc).__name__}: {_one_line(exc)}); fix the key it "
                 "names (compare with cluster_configs/gpu.yaml)."], None
+    if (where := _non_string_key(prepared)) is not None:  # Ray's schema check raises TypeError on them
+        return [f"{where}: a key that is not a string; YAML reads unquoted 0:, 1.5: or true: as numbers and "
+                "booleans, quote it."], None
     errors = sorted(jsonschema.Draft7Validator(_ray_schema()).iter_errors(prepared),
                     key=lambda e: [str(p) for p in e.path])
     problems = [f"{_dotted(e.absolute_path) or 'top level'}: {_one_line(e.message)} (Ray's cluster schema); "
@@ -156,6 +159,21 @@ def _ray_checks(config: dict) -> tuple[list[str], dict | None]:
         except Exception as exc:
             problems.append(f"Ray's launcher rejects it: {_one_line(exc)}")
     return problems, prepared
+
+
+def _non_string_key(node: Any, path: tuple = ()) -> str | None:
+    """Dotted path of the first mapping key that is not a string, else None."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if not isinstance(key, str):
+                return _dotted((*path, key))
+            if (found := _non_string_key(value, (*path, key))) is not None:
+                return found
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            if (found := _non_string_key(value, (*path, i))) is not None:
+                return found
+    return None
 
 
 def _filled_keys(config: dict, prepared: dict) -> list[str]:
