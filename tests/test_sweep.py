@@ -143,6 +143,9 @@ def test_ray_job_submit_runs_the_smoke_sweep(tmp_path):
     env = subprocess_env(RAY_AUTH_MODE="token")
     head = subprocess.Popen([ray_bin, "start", "--head", "--block", "--num-cpus=2", f"--port={_free_port()}",
                              f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+                             # free ports, so a Ray left by another process cannot starve the job agent
+                             f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
+                             f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}",
                              f"--temp-dir={temp_dir}"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -159,7 +162,7 @@ def test_ray_job_submit_runs_the_smoke_sweep(tmp_path):
         storage = tmp_path / "runs"
         submit = [ray_bin, "job", "submit", "--address", address, "--working-dir", ".", "--",
                   "python", "experiments/sweep.py", "--smoke", "--storage", str(storage), "--name", "job"]
-        for _ in range(30):  # the Jobs API answers before the node's job agent is ready
+        for _ in range(20):  # the Jobs API answers before the node's job agent is ready
             proc = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
             if "No available agent" not in proc.stdout + proc.stderr:
                 break
