@@ -234,6 +234,9 @@ def _convert(path: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpecError(f"{path}: {value!r} is not a number; expected {_describe(tp)}.")
+        if isinstance(value, int) and abs(value) >= 2 ** 1023:  # float() would raise OverflowError
+            raise SpecError(f"{path}: an integer of {len(str(abs(value)))} digits is too large; expected a "
+                            "finite number.")
         value = float(value)
         if not math.isfinite(value):
             raise SpecError(f"{path}: {value!r} is not finite; expected a finite number.")
@@ -358,7 +361,7 @@ def import_callable(target: str, field_name: str, expected: str) -> Any:
     module, _, name = str(target).partition(":")
     try:
         fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as exc:
+    except (ImportError, AttributeError, ValueError, TypeError) as exc:  # TypeError: a relative '.mod'
         raise SpecError(f"{field_name}: {target!r} cannot be imported ({exc}); give {expected}.") from None
     if not callable(fn):
         raise SpecError(f"{field_name}: {target!r} is not callable; give {expected}.")
