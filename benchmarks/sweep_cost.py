@@ -19,12 +19,15 @@ each search trial). Goal: rayrl uses <= 1/3 of the grid's env steps for an equal
     python benchmarks/sweep_cost.py                 # full: 16-trial grid + rayrl sweep, ~15 minutes on 2 cores
     python benchmarks/sweep_cost.py --quick         # smoke test: 2x2 grid, tiny budget
     python benchmarks/sweep_cost.py --budget 60000 --out sweep_cost.json
+    python benchmarks/sweep_cost.py --storage DIR --report-only   # figures again from a run's folders
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import json
 import math
 import sys
 import tempfile
@@ -40,6 +43,7 @@ import common as C  # noqa: E402
 GRID_BATCHES = (1024, 2048, 4096, 8192)
 QUICK_BATCHES = (512, 1024)
 GOAL_FRACTION = 1 / 3
+TIMING_FILE = "bench_timing.json"  #: start/end (Unix s) of one side's run, for --report-only
 
 
 def draw_lrs(n: int, low: float, high: float, seed: int) -> list[float]:
@@ -55,6 +59,7 @@ def consumption(history: Path, phases: tuple[str, ...], target: float) -> dict[s
     """Env steps until the first result >= ``target`` and in total, from history.csv's row order."""
     last: dict[str, float] = {}
     ret: dict[str, float] = {}
+    reached: set[str] = set()
     first: dict[str, Any] | None = None
     with history.open() as f:
         for row in csv.DictReader(f):
@@ -65,13 +70,33 @@ def consumption(history: Path, phases: tuple[str, ...], target: float) -> dict[s
             r = C._num(row["episode_return_mean"])
             if row["phase"] != "doubling":
                 ret[trial] = r
-            if first is None and r >= target:
-                first = {"trial_id": trial, "iteration": int(float(row["training_iteration"])),
-                         "env_steps": sum(last.values())}
+            if r >= target:
+                reached.add(trial)
+                if first is None:
+                    first = {"trial_id": trial, "iteration": int(float(row["training_iteration"])),
+                             "env_steps": sum(last.values())}
     finite = [v for v in ret.values() if math.isfinite(v)]
+    trials = [(last[t], t in reached) for t in ret]
     return {"env_steps_total": sum(last.values()), "first_at_target": first,
             "env_steps_to_target": first["env_steps"] if first else None,
-            "best_return": max(finite) if finite else math.nan, "trials": len(ret)}
+            "env_steps_to_target_random_order": expected_to_target(trials),
+            "best_return": max(finite) if finite else math.nan, "trials": len(ret),
+            "trials_at_target": sum(ok for _, ok in trials)}
+
+
+def expected_to_target(trials: list[tuple[float, bool]]) -> float | None:
+    """Expected env steps until the first trial at the target if the trials ran one at a time in random order.
+
+    ``trials``: (env steps the trial used, reached the target); a trial at the target stopped there.
+    Each failed trial comes before all k successes with probability 1/(k+1); the first success is
+    any of the k alike. Tune runs a grid in its own fixed order, so this says what that order was
+    worth. None when no trial reached the target.
+    """
+    wins = [s for s, ok in trials if ok]
+    losses = [s for s, ok in trials if not ok]
+    if not wins:
+        return None
+    return sum(losses) / (len(wins) + 1) + sum(wins) / len(wins)
 
 
 def result_timestamp(experiment: Path, trial_id: str, iteration: int) -> float | None:
@@ -118,7 +143,7 @@ def run_grid(spec: Any, paths: Any, batches: tuple[int, ...], lrs: list[float], 
     tuner.fit()
 
 
-def side(name: str, run_dir: Path, experiments: dict[str, Path], phases: tuple[str, ...], target: float,
+def side(run_dir: Path, experiments: dict[str, Path], phases: tuple[str, ...], target: float,
          start: float, end: float) -> dict[str, Any]:
     """One search's figures: env steps and wall to the target and in total, best return."""
     c = consumption(run_dir / "history.csv", phases, target)
@@ -158,10 +183,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr-seed", type=int, help="seed of the grid's lr draw (default: the spec's seed)")
     p.add_argument("--storage", type=Path, help="where both run folders go (default: a temp dir)")
     p.add_argument("--only", choices=("grid", "rayrl"), help="run one side only (the other's figures are null)")
+    p.add_argument("--report-only", action="store_true", help="run nothing: recompute the figures from the run "
+                   "folders a previous run left under --storage")
     args = p.parse_args(argv)
     args.budget = args.budget or (4096 if args.quick else 100_000)
     if args.budget < 1:
         p.error(f"--budget must be >= 1, got {args.budget}")
+    if args.report_only and not args.storage:
+        p.error("--report-only needs the --storage of a previous run")
     return args
 
 
@@ -182,22 +211,33 @@ def main(argv: list[str] | None = None) -> int:
     storage = args.storage or Path(tempfile.mkdtemp(prefix="rayrl-bench-sweep-"))
     started = time.monotonic()
     sides: dict[str, Any] = {"grid": None, "rayrl": None}
-    with C.local_ray():
-        if args.only in (None, "grid"):
-            paths = runtime.resolve(str(storage), "grid")
-            t0 = time.time()
-            run_grid(spec, paths, batches, lrs, args.budget)
-            sides["grid"] = side("grid", paths.run_dir, {"grid": paths.run_dir / "grid"}, ("grid",), target,
-                                 t0, time.time())
-        if args.only in (None, "rayrl"):
-            paths = runtime.resolve(str(storage), "rayrl")
-            t0 = time.time()
-            summary = sweep.run(spec, paths)
-            sides["rayrl"] = side("rayrl", paths.run_dir, {"phase2": paths.run_dir / "phase2",
-                                                           "phase1": paths.run_dir / "phase1"},
-                                  ("doubling", "search"), target, t0, time.time())
-            sides["rayrl"].update(knee_batch_size=summary["knee_batch_size"], ladder=summary["ladder"],
-                                  best=summary["best"], env_steps_phase1=summary["env_steps_phase1"])
+    with contextlib.nullcontext() if args.report_only else C.local_ray():
+        for name in ("grid", "rayrl"):
+            if args.only not in (None, name):
+                continue
+            paths = runtime.resolve(str(storage), name)
+            clock = paths.run_dir / TIMING_FILE
+            if args.report_only:
+                if not clock.exists():
+                    raise SystemExit(f"--report-only: {clock} is missing; run the benchmark with this --storage first.")
+                t0, t1 = (json.loads(clock.read_text())[k] for k in ("start", "end"))
+            else:
+                t0 = time.time()
+                if name == "grid":
+                    run_grid(spec, paths, batches, lrs, args.budget)
+                else:
+                    sweep.run(spec, paths)
+                t1 = time.time()
+                clock.write_text(json.dumps({"start": t0, "end": t1}))
+            if name == "grid":
+                sides["grid"] = side(paths.run_dir, {"grid": paths.run_dir / "grid"}, ("grid",), target, t0, t1)
+            else:
+                summary = json.loads((paths.run_dir / "summary.json").read_text())
+                sides["rayrl"] = side(paths.run_dir, {"phase2": paths.run_dir / "phase2",
+                                                      "phase1": paths.run_dir / "phase1"},
+                                      ("doubling", "search"), target, t0, t1)
+                sides["rayrl"].update(knee_batch_size=summary["knee_batch_size"], ladder=summary["ladder"],
+                                      best=summary["best"], env_steps_phase1=summary["env_steps_phase1"])
     report = figures(sides, target, args.budget)
     report.update(grid_batches=list(batches), grid_lrs=lrs, storage=str(storage),
                   rayrl_search={"num_samples": spec.search.num_samples, "scheduler": spec.search.scheduler,
@@ -224,6 +264,7 @@ def figures(sides: dict[str, Any], target: float, budget: int) -> dict[str, Any]
         "target_return": target, "budget_env_steps": budget,
         "grid_env_steps": headline(g), "rayrl_env_steps": headline(r),
         "grid_env_steps_total": get(g, "env_steps_total"), "rayrl_env_steps_total": get(r, "env_steps_total"),
+        "grid_env_steps_to_target_random_order": get(g, "env_steps_to_target_random_order"),
         "grid_wall_s_to_target": get(g, "wall_s_to_target"), "rayrl_wall_s_to_target": get(r, "wall_s_to_target"),
         "grid_wall_s_total": get(g, "wall_s_total"), "rayrl_wall_s_total": get(r, "wall_s_total"),
         "grid_best_return": get(g, "best_return"), "rayrl_best_return": get(r, "best_return"),
@@ -232,6 +273,8 @@ def figures(sides: dict[str, Any], target: float, budget: int) -> dict[str, Any]
     }
     report["env_steps_ratio_to_target"] = C.ratio(report["rayrl_env_steps"], report["grid_env_steps"])
     report["env_steps_ratio_total"] = C.ratio(report["rayrl_env_steps_total"], report["grid_env_steps_total"])
+    report["env_steps_ratio_to_target_vs_random_grid_order"] = C.ratio(
+        report["rayrl_env_steps"], report["grid_env_steps_to_target_random_order"])
     report["wall_ratio_total"] = C.ratio(report["rayrl_wall_s_total"], report["grid_wall_s_total"])
     equal = report["rayrl_best_return"] >= min(report["grid_best_return"], target)
     report["goal_fraction"] = GOAL_FRACTION
@@ -254,7 +297,11 @@ def print_report(report: dict) -> None:
           f"target return {report['target_return']:g}:")
     C.say(C.table(["search", "trials", "env steps to target", "env steps total", "wall s to target",
                    "wall s total", "best return"], rows))
-    C.say(f"\nrayrl / grid env steps: to target {report['env_steps_ratio_to_target']:.2f}, total "
+    C.say(f"grid in a random trial order (expected): {report['grid_env_steps_to_target_random_order']:,.0f} env steps "
+          f"to target; {report['grid']['trials_at_target'] if report['grid'] else 0} of its trials reached it"
+          if report["grid"] and report["grid"]["first_at_target"] else "grid: no trial reached the target")
+    C.say(f"\nrayrl / grid env steps: to target {report['env_steps_ratio_to_target']:.2f} (vs a random grid order "
+          f"{report['env_steps_ratio_to_target_vs_random_grid_order']:.2f}), total "
           f"{report['env_steps_ratio_total']:.2f}; wall total {report['wall_ratio_total']:.2f}; goal <= "
           f"{GOAL_FRACTION:.2f} for an equal best return: {'met' if report['goal_met'] else 'missed'}")
     if report["rayrl"]:

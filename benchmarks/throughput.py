@@ -214,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         "machine": C.machine(),
         "wall_s": round(time.monotonic() - started, 1),
     }
+    # Load from other jobs drifts: a ratio within one round compares neighbours in time.
+    rounds = [C.ratio(r, d) for r, d in zip(res["rayrl"]["round_median"], res["rllib_default"]["round_median"])]
+    report["round_ratios_rayrl_over_rllib_default"] = rounds
+    report["best_round_sps"] = {name: max(r["round_median"]) for name, r in res.items()}
+    report["best_round_rayrl_over_rllib_default"] = C.ratio(report["best_round_sps"]["rayrl"],
+                                                            report["best_round_sps"]["rllib_default"])
     report["goal_met"] = bool(report["rayrl_over_rllib_default"] >= GOAL_RATIO)
     print_report(report)
     C.write_json(args.out, report)
@@ -241,6 +247,11 @@ def print_report(report: dict) -> None:
     m = report["machine"]
     C.say(f"\nrayrl / RLlib default = {report['rayrl_over_rllib_default']:.2f} (goal >= {GOAL_RATIO}: "
           f"{'met' if report['goal_met'] else 'missed'}); rayrl / limit = {report['rayrl_over_limit']:.2f}")
+    C.say("rayrl / RLlib default within each round: "
+          + ", ".join(f"{x:.2f}" for x in report["round_ratios_rayrl_over_rllib_default"])
+          + f"; best rounds: {report['best_round_rayrl_over_rllib_default']:.2f} "
+          f"(rayrl {report['best_round_sps']['rayrl']:,.0f}, RLlib default {report['best_round_sps']['rllib_default']:,.0f}, "
+          f"limit {report['best_round_sps']['limit']:,.0f} env steps/s)")
     C.say(f"machine: {m['nproc']} x {m['cpu_model']}, load {m['load_avg_1m']}; {m['date']}; "
           f"ray {m['ray']}, torch {m['torch']}; {report['wall_s']:.0f} s")
 

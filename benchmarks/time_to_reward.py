@@ -79,7 +79,7 @@ def summarise(runs: list[dict]) -> dict[str, Any]:
     lower = any(not r["reached"] and (r["wall_s"] <= wall or r["env_steps"] <= steps) for r in runs)
     return {"wall_s": wall, "env_steps": steps, "reached": sum(r["reached"] for r in runs), "runs": len(runs),
             "median_is_lower_bound": lower, "build_s": C.median([r["build_s"] for r in runs]),
-            "env_steps_per_s": C.ratio(steps, wall)}
+            "env_steps_per_s": C.median([C.ratio(r["env_steps"], r["wall_s"]) for r in runs])}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

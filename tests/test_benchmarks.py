@@ -104,11 +104,11 @@ def test_time_to_reward_median_is_a_lower_bound_only_when_a_capped_run_could_mov
     def run(wall, steps, reached):
         return {"wall_s": wall, "env_steps": steps, "reached": reached, "build_s": 1.0}
 
-    ok = ttr.summarise([run(10, 1000, True), run(20, 2000, True), run(200, 9000, False)])
+    ok = ttr.summarise([run(10, 1000, True), run(20, 2000, True), run(200, 9000, False)])  # 100, 100, 45 /s
     assert ok["wall_s"] == 20 and ok["env_steps"] == 2000 and not ok["median_is_lower_bound"]
     assert ok["reached"] == 2 and ok["env_steps_per_s"] == pytest.approx(100.0)
     capped = ttr.summarise([run(10, 1000, True), run(200, 9000, False), run(200, 9000, False)])
-    assert capped["median_is_lower_bound"] and capped["wall_s"] == 200
+    assert capped["median_is_lower_bound"] and capped["wall_s"] == 200 and capped["env_steps_per_s"] == 45
 
 
 def test_read_knee_from_doubling_csv_summary_and_run_folder(tmp_path):
@@ -145,6 +145,9 @@ def test_throughput_quick(tmp_path):
     assert report["rayrl_over_rllib_default"] == pytest.approx(report["rayrl_sps"] / report["rllib_default_sps"])
     assert report["rayrl_over_limit"] == pytest.approx(report["rayrl_sps"] / report["limit_sps"])
     assert report["goal_met"] == (report["rayrl_over_rllib_default"] >= 2.5)
+    (round_ratio,) = report["round_ratios_rayrl_over_rllib_default"]  # quick: one round
+    assert round_ratio == pytest.approx(report["contenders"]["rayrl"]["round_medians"][0]
+                                        / report["contenders"]["rllib_default"]["round_medians"][0])
     # The limit steps envs with no learning and no Ray: nothing end to end can beat it on one core.
     assert report["rayrl_sps"] < report["limit_sps"] and report["rllib_default_sps"] < report["limit_sps"]
     assert report["knee_batch_size"] in (1024, 2048)
