@@ -75,9 +75,31 @@ def test_consumption_counts_every_trial_until_the_first_at_target(tmp_path):
     assert c["first_at_target"] == {"trial_id": "b", "iteration": 2, "env_steps": 8096}
     assert c["env_steps_total"] == 4096 + 3000 + 2000
     assert c["best_return"] == 470.0 and c["trials"] == 2  # ladder rungs are not search trials
+    # Both search trials reached the target: in a random order the expectation is their mean.
+    assert c["trials_at_target"] == 2 and c["env_steps_to_target_random_order"] == pytest.approx((3000 + 2000) / 2)
     never = sweep_cost.consumption(history, ("doubling",), 450.0)
     assert never["env_steps_to_target"] is None and never["first_at_target"] is None
     assert math.isnan(never["best_return"])
+
+
+def test_expected_cost_to_target_over_random_trial_orders():
+    sweep_cost = load("sweep_cost")
+    # 2 failures (100, 200) and 2 successes (50, 70): each failure precedes both successes 1/3 of the time.
+    trials = [(100.0, False), (200.0, False), (50.0, True), (70.0, True)]
+    assert sweep_cost.expected_to_target(trials) == pytest.approx(300 / 3 + 60)
+    # Brute force over all orders agrees.
+    import itertools
+
+    costs = []
+    for order in itertools.permutations(trials):
+        total = 0.0
+        for steps, ok in order:
+            total += steps
+            if ok:
+                break
+        costs.append(total)
+    assert sweep_cost.expected_to_target(trials) == pytest.approx(sum(costs) / len(costs))
+    assert sweep_cost.expected_to_target([(100.0, False)]) is None
 
 
 def test_sweep_cost_goal_needs_a_third_of_the_steps_and_an_equal_best_return():
@@ -206,6 +228,12 @@ def test_sweep_cost_quick(tmp_path):
     assert report["env_steps_ratio_total"] == pytest.approx(
         report["rayrl_env_steps_total"] / report["grid_env_steps_total"])
     assert "rayrl / grid env steps" in printed
+    # --report-only reads the same run folders back (no Ray, nothing rerun): the same figures.
+    again, _ = run_quick("sweep_cost", tmp_path / "again.json", "--storage", str(tmp_path / "runs"),
+                         "--report-only", timeout=120)
+    for key in ("grid_env_steps", "rayrl_env_steps", "grid_env_steps_total", "rayrl_env_steps_total",
+                "grid_best_return", "rayrl_best_return", "grid_wall_s_total", "rayrl_wall_s_total"):
+        assert again[key] == pytest.approx(report[key]), key
 
 
 @pytest.mark.slow
