@@ -14,7 +14,7 @@ Three looks at the same config (rayrl's spec at ``--batch``, the knee):
    per-iteration overhead in the trial is the wall time between results minus RLlib's
    ``time_this_iter_s``; the driver-side figure is the time between results arriving.
 
-    python benchmarks/profile_iteration.py                   # full: batch 16384, about 2 minutes
+    python benchmarks/profile_iteration.py                   # full: batch 16384, about 1 minute
     python benchmarks/profile_iteration.py --quick           # smoke test
     python benchmarks/profile_iteration.py --doubling runs/cartpole-ppo/doubling.csv --out profile.json
 """
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import pstats
 import sys
 import tempfile

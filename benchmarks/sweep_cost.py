@@ -16,7 +16,7 @@ consumed by all trials until the first result with return >= the target, and in 
 seconds likewise (from Tune's result timestamps, 1 s resolution); the best return (last result of
 each search trial). Goal: rayrl uses <= 1/3 of the grid's env steps for an equal best return.
 
-    python benchmarks/sweep_cost.py                 # full: 16-trial grid + rayrl sweep, ~15 minutes on 2 cores
+    python benchmarks/sweep_cost.py                 # full: 16-trial grid + rayrl sweep, ~10 minutes on 2 cores
     python benchmarks/sweep_cost.py --quick         # smoke test: 2x2 grid, tiny budget
     python benchmarks/sweep_cost.py --budget 60000 --out sweep_cost.json
     python benchmarks/sweep_cost.py --storage DIR --report-only   # figures again from a run's folders
@@ -268,7 +268,8 @@ def figures(sides: dict[str, Any], target: float, budget: int) -> dict[str, Any]
         "grid_wall_s_to_target": get(g, "wall_s_to_target"), "rayrl_wall_s_to_target": get(r, "wall_s_to_target"),
         "grid_wall_s_total": get(g, "wall_s_total"), "rayrl_wall_s_total": get(r, "wall_s_total"),
         "grid_best_return": get(g, "best_return"), "rayrl_best_return": get(r, "best_return"),
-        "grid_reached_target": bool(g and g["first_at_target"]), "rayrl_reached_target": bool(r and r["first_at_target"]),
+        "grid_reached_target": bool(g and g["first_at_target"]),
+        "rayrl_reached_target": bool(r and r["first_at_target"]),
         "grid": g, "rayrl": r,
     }
     report["env_steps_ratio_to_target"] = C.ratio(report["rayrl_env_steps"], report["grid_env_steps"])

@@ -16,7 +16,7 @@ RLlib's default and rayrl are built in the driver and timed the same way: wall t
 ``Algorithm.train()``, env steps from ``num_env_steps_sampled_lifetime``; the figure is the median
 over every measured iteration of every round.
 
-    python benchmarks/throughput.py                   # full: ladder + 3 rounds, about 6 minutes on 2 cores
+    python benchmarks/throughput.py                   # full: ladder + 3 rounds, about 5 minutes on 2 cores
     python benchmarks/throughput.py --quick           # smoke test, about a minute
     python benchmarks/throughput.py --doubling runs/cartpole-ppo/doubling.csv --out throughput.json
 """
@@ -239,7 +239,8 @@ def print_report(report: dict) -> None:
         c = report["contenders"][name]
         t = c["timers_median_s"]
         rows.append([labels[name], c["sps_median"], c["sps_min"], c["sps_max"], c["samples"],
-                     C.ratio(c["sps_median"], report["rllib_default_sps"]), C.ratio(c["sps_median"], report["limit_sps"]),
+                     C.ratio(c["sps_median"], report["rllib_default_sps"]),
+                     C.ratio(c["sps_median"], report["limit_sps"]),
                      t.get("env_runner_sampling_timer", float("nan")), t.get("learner_update_timer", float("nan"))])
     C.say("\nenv steps/s on CartPole-v1, PPO (median over iterations of all rounds):")
     C.say(C.table(["contender", "median", "min", "max", "n", "x RLlib default", "x limit", "sample s/iter",
@@ -247,11 +248,12 @@ def print_report(report: dict) -> None:
     m = report["machine"]
     C.say(f"\nrayrl / RLlib default = {report['rayrl_over_rllib_default']:.2f} (goal >= {GOAL_RATIO}: "
           f"{'met' if report['goal_met'] else 'missed'}); rayrl / limit = {report['rayrl_over_limit']:.2f}")
+    best = report["best_round_sps"]
     C.say("rayrl / RLlib default within each round: "
           + ", ".join(f"{x:.2f}" for x in report["round_ratios_rayrl_over_rllib_default"])
           + f"; best rounds: {report['best_round_rayrl_over_rllib_default']:.2f} "
-          f"(rayrl {report['best_round_sps']['rayrl']:,.0f}, RLlib default {report['best_round_sps']['rllib_default']:,.0f}, "
-          f"limit {report['best_round_sps']['limit']:,.0f} env steps/s)")
+          f"(rayrl {best['rayrl']:,.0f}, RLlib default {best['rllib_default']:,.0f}, "
+          f"limit {best['limit']:,.0f} env steps/s)")
     C.say(f"machine: {m['nproc']} x {m['cpu_model']}, load {m['load_avg_1m']}; {m['date']}; "
           f"ray {m['ray']}, torch {m['torch']}; {report['wall_s']:.0f} s")
 

@@ -12,7 +12,7 @@ reporting setting that does not change training). Wall time counts from the firs
 ``train()`` call (the build, a few seconds of actor start-up, is reported apart). A run that hits
 a cap is censored: its figures are lower bounds, and a median over a censored run says ">=".
 
-    python benchmarks/time_to_reward.py                     # full: 3 seeds each, up to ~15 minutes on 2 cores
+    python benchmarks/time_to_reward.py                     # full: 3 seeds each, ~6 minutes on 2 cores (caps: <= 13)
     python benchmarks/time_to_reward.py --quick             # smoke test: 1 seed, target 60
     python benchmarks/time_to_reward.py --best-config runs/cartpole-ppo/best_config.yaml --out ttr.json
 """
