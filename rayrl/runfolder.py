@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -21,6 +22,8 @@ DOUBLING_COLUMNS = ("batch_size", "env_steps_per_s", "gain", "decision")
 DECISIONS = ("expand", "stop", "cap", "failed")
 TRIALS_COLUMNS = ("trial_id", "batch_size", "lr", "env_steps", "episode_return_mean", "status")
 STRING_COLUMNS = ("trial_id", "phase", "backend", "precision", "decision", "status")
+# history.csv columns read as counts: NaN (not reported) is fine, an infinity is damage.
+WHOLE_HISTORY_COLUMNS = ("batch_size", keys.ITERATION, "env_steps", "nonfinite_steps", "num_learners")
 
 
 class RunFolderError(Exception):
@@ -87,6 +90,9 @@ def load(path: str | Path) -> RunFolder:
     notes: list[str] = []
     run = RunFolder(path=root, kind=kind, spec=spec, summary=summary or {},
                     history=_read_csv(root / "history.csv", keys.HISTORY_COLUMNS), notes=notes)
+    _check_numbers(root / "history.csv", run.history, WHOLE_HISTORY_COLUMNS, required=False)
+    _check_summary(root / "summary.json", run.summary)
+    _check_spec(root / "spec.yaml", spec)
     if kind == "sweep":
         if not summary:
             raise RunFolderError(f"{root / 'summary.json'}: missing; the sweep did not finish (or crashed before "
@@ -96,11 +102,13 @@ def load(path: str | Path) -> RunFolder:
                 raise RunFolderError(f"{root / 'summary.json'}: has no {needed!r}; a sweep's summary names the "
                                      "knee batch size and the best trial. The file is damaged or from another tool.")
         run.doubling = _read_csv(root / "doubling.csv", DOUBLING_COLUMNS)
+        _check_numbers(root / "doubling.csv", run.doubling, ("batch_size",), required=True)
         bad = sorted(set(run.doubling["decision"].dropna()) - set(DECISIONS))
         if bad or run.doubling["decision"].isna().any():
             raise RunFolderError(f"{root / 'doubling.csv'}: decision {bad or ['(empty)']} is not one of "
                                  f"{', '.join(DECISIONS)}; the file is damaged.")
         run.trials = _read_csv(root / "trials.csv", TRIALS_COLUMNS, allow_empty=True)
+        _check_numbers(root / "trials.csv", run.trials, ("batch_size", "lr"), required=True)
         run.best_config = _read_yaml(root / "best_config.yaml", required=False) or None
         if run.best_config is None:
             notes.append("best_config.yaml is missing: no phase-2 trial finished.")
@@ -212,6 +220,49 @@ def _read_csv(path: Path, columns: tuple[str, ...], allow_empty: bool = False) -
         if c not in STRING_COLUMNS:
             df[c] = pd.to_numeric(df[c], errors="coerce")
     return df
+
+
+def _check_numbers(path: Path, df: pd.DataFrame, columns: tuple[str, ...], required: bool) -> None:
+    """Columns the readers turn into integers or sizes: finite (and present in every row if required)."""
+    for c in columns:
+        values = df[c]
+        bad = ~np.isfinite(values) if required else np.isinf(values)
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0]) + 2  # 1-based, after the header line
+            raise RunFolderError(f"{path}: line {row}: {c} is {df[c].iloc[row - 2]!r}, not a finite number; the "
+                                 "file is damaged.")
+
+
+def _check_spec(path: Path, spec: dict) -> None:
+    """The sections the readers use (resources, stop, search, cost) are valid spec sections."""
+    from rayrl import spec as spec_mod
+
+    for section, value in spec.items():
+        if section not in ("name", "seed") and value is not None and not isinstance(value, dict):
+            raise RunFolderError(f"{path}: {section} = {value!r} is not a section of key: value pairs; the file is "
+                                 "damaged.")
+    for name, cls in (("resources", spec_mod.ResourcesSpec), ("stop", spec_mod.StopSpec),
+                      ("search", spec_mod.SearchSpec), ("cost", spec_mod.CostSpec)):
+        try:
+            spec_mod.build_section(cls, spec.get(name), name)
+        except spec_mod.SpecError as exc:
+            raise RunFolderError(f"{path}: {exc} The file is damaged.") from None
+
+
+def _check_summary(path: Path, summary: dict) -> None:
+    """The summary fields the readers use have the types rayrl writes."""
+    best, knee = summary.get("best"), summary.get("knee_batch_size")
+    if best is not None and not (isinstance(best, dict) and all(
+            _is_number(best.get(k)) for k in ("batch_size", "lr", "episode_return_mean"))):
+        raise RunFolderError(f"{path}: best = {best!r} is not an object with numeric batch_size, lr and "
+                             "episode_return_mean; the file is damaged.")
+    if not _is_number(knee) or (knee is not None and not math.isfinite(knee)):
+        raise RunFolderError(f"{path}: knee_batch_size = {knee!r} is not a number; the file is damaged.")
+    res = summary.get("resources")
+    if res is not None and not (isinstance(res, dict) and all(
+            res[k] is not None and _is_number(res[k]) for k in ("gpus_per_trial", "cpus_per_trial") if k in res)):
+        raise RunFolderError(f"{path}: resources = {res!r} is not an object with numeric gpus_per_trial and "
+                             "cpus_per_trial; the file is damaged.")
 
 
 def _read_drill(path: Path) -> dict | None:
