@@ -55,6 +55,22 @@ def resolve(storage: str, name: str) -> RunPaths:
     return RunPaths(str(root), name, root / name, False)
 
 
+def _recorded_head_alive() -> bool:
+    """Whether the head `ray start` last recorded on this host (which ray.init() joins) answers.
+
+    A head killed without `ray stop` leaves its address behind, and ray.init() then hangs on it.
+    """
+    import socket
+
+    recorded = Path(os.environ.get("RAY_TMPDIR", "/tmp")) / "ray" / "ray_current_cluster"
+    try:
+        host, _, port = recorded.read_text().strip().rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Join the cluster this process runs in (`ray job submit`, RAY_ADDRESS) or start a local Ray.
 
@@ -71,6 +87,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if not joining and num_cpus is not None:
         # An explicit CPU count means a new local Ray, never a stale `ray start` head on this host.
         address, kwargs["num_cpus"] = "local", num_cpus
+    elif not joining and not _recorded_head_alive():
+        address = "local"  # Ray would otherwise wait forever on a head that was killed, not stopped
     if not joining and os.environ.get("RAYRL_DASHBOARD") == "0":
         kwargs["include_dashboard"] = False
     ray.init(address=address, **kwargs)

@@ -258,7 +258,7 @@ def metrics_port():
     import ray
 
     port = _free_port()
-    ray.init(num_cpus=1, _metrics_export_port=port, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, _metrics_export_port=port, include_dashboard=False, log_to_driver=False)
     yield port
     ray.shutdown()
 
