@@ -74,7 +74,6 @@ def drill_spec(spec: Spec, name: str, *, env_runners: int | None = None, kind: s
     if kind == "sweep":
         # Two rungs, then four short phase-2 trials one at a time (no early stopping), so the kill
         # lands between a finished trial and a running one.
-        data["stop"]["env_steps"] = BATCH * 400
         data["search"].update(
             doubling={"start": BATCH, "factor": 2, "cap": 2 * BATCH, "min_gain": spec.search.doubling.min_gain,
                       "warmup_iters": 0, "measure_iters": 1},
@@ -209,6 +208,7 @@ def _run_with_fault(spec: Spec, paths: runtime.RunPaths, monitor: Monitor, label
         finally:
             monitor.done = True
 
+    spec_mod.dump(spec, paths.run_dir / "spec.yaml")  # the scratch folder reads like any train run's
     callback, stopper = _tune_hooks(monitor)
     tuner = make_tuner(spec, paths, stop=stopper, extra_callbacks=[callback], verbose_label=f"drill {label}")
     thread = threading.Thread(target=injector, daemon=True)
@@ -663,8 +663,7 @@ def _cpus_needed(spec: Spec) -> int:
 def _gpus_needed(spec: Spec) -> float:
     from rayrl.train import trial_resources
 
-    return float(trial_resources(spec)["gpus_per_trial"]) if spec.resources.learners or \
-        spec.resources.gpus_per_learner else 0.0
+    return float(trial_resources(spec)["gpus_per_trial"])
 
 
 def _logged(result: dict) -> dict:

@@ -1,0 +1,341 @@
+"""Fault drills on this machine: every failure rayrl promises to survive, killed for real and timed.
+
+An EnvRunner, the trial's actor, the driver (of `rayrl train` and of the sweep in phase 2) and a
+worker node of a three-node cluster are SIGKILLed mid-training through `rayrl drill`; a kill that
+lands in a checkpoint write is tried directly. Each test prints its measured recovery time and
+the checkpoint restore rate on "[faults]" lines, captured output or not. Tiny budgets (batch
+512) keep the whole file at about 5 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from rayrl import drill, keys, report, runfolder
+from rayrl import spec as S
+
+from conftest import ROOT, subprocess_env
+
+pytestmark = pytest.mark.slow
+
+CONFIG = str(ROOT / "experiments" / "configs" / "cartpole_ppo.yaml")
+TINY = ["--set", "algo.train_batch_per_learner=512", "--set", "algo.minibatch_size=128", "--set", "algo.epochs=2",
+        "--set", "env.envs_per_runner=4", "--set", "stop.episode_return=null", "--set", "stop.wall_s=null"]
+RECOVERY_S_MAX = 300.0  # the source guide's acceptance figure: recovery < 5 minutes
+TRAIN = [sys.executable, "-m", "rayrl.cli", "train", "--config", CONFIG, *TINY]
+DRILL = [sys.executable, "-m", "rayrl.cli", "drill"]
+
+
+_CONFIG: list[pytest.Config] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _terminal(pytestconfig: pytest.Config):
+    _CONFIG.append(pytestconfig)
+    yield
+    _CONFIG.clear()
+
+
+def figure(text: str) -> None:
+    """Print a measured figure to the terminal even while pytest captures output."""
+    capman = _CONFIG[0].pluginmanager.getplugin("capturemanager") if _CONFIG else None
+    if capman is None:
+        print(f"[faults] {text}")
+        return
+    with capman.global_and_fixture_disabled():
+        print(f"\n[faults] {text}", flush=True)
+
+
+def digest(root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file() and not str(p.relative_to(root)).startswith(skip)}
+
+
+def run(cmd: list[str], timeout: int, **env: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, env=subprocess_env(**env), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return proc
+
+
+def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def train_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny `rayrl train` run: 8 iterations, a checkpoint every 2, the newest 2 kept."""
+    storage = tmp_path_factory.mktemp("runs")
+    ok(run([*TRAIN, "--storage", str(storage), "--name", "train", "--num-cpus", "2", "--set", "stop.env_steps=4096",
+            "--set", "checkpoint.every=2", "--set", "checkpoint.keep=2"], timeout=600))
+    return storage / "train"
+
+
+@pytest.fixture(scope="module")
+def drilled(train_run: Path) -> dict:
+    """`rayrl drill` on the train run (env runner, trial, driver, restores), with the run's bytes before
+    and after."""
+    before = digest(train_run)
+    start = time.monotonic()
+    proc = run([*DRILL, str(train_run)], timeout=1200)
+    wall = time.monotonic() - start
+    data = json.loads((train_run / "drill.json").read_text()) if (train_run / "drill.json").exists() else {}
+    figure(f"rayrl drill on a train run took {wall:.0f}s: "
+           + "; ".join(f"{d['name']} {d['outcome']} in {d['recovery_s']}s" for d in data.get("drills", [])))
+    return {"proc": proc, "data": data, "before": before,
+            "after": digest(train_run, skip=("drills/", "drill.json")), "wall_s": wall}
+
+
+def by_name(drilled: dict, name: str) -> dict:
+    ok(drilled["proc"])
+    return next(d for d in drilled["data"]["drills"] if d["name"] == name)
+
+
+# ---------------------------------------------------------------------------------------------
+# `rayrl drill` on a train run: env runner, trial, driver, restores
+
+
+def test_drill_writes_drill_json_and_leaves_the_run_untouched(drilled, train_run):
+    proc = ok(drilled["proc"])
+    data = drilled["data"]
+    assert [d["name"] for d in data["drills"]] == ["env_runner", "trial", "driver"]
+    assert data["skipped"] == [{"name": "node", "reason": "the cluster has 1 node"}]
+    assert "[drill] env_runner: killed EnvRunner pid" in proc.stdout
+    assert "[drill] trial: recovered in" in proc.stdout and "restore 2/2" in proc.stdout
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("rayrl drill: env_runner recovered in")
+    # the drills trained scratch copies under RUN_DIR/drills; the run itself is byte-identical
+    assert drilled["after"] == drilled["before"]
+    assert sorted(p.name for p in (train_run / "drills").iterdir() if p.is_dir()) == ["driver", "env_runner",
+                                                                                       "trial"]
+    scratch = S.load(train_run / "drills" / "trial" / "spec.yaml")
+    assert scratch.algo.train_batch_per_learner == drill.BATCH and scratch.name == "trial"
+
+
+def test_env_runner_death_is_survived_and_counted(drilled):
+    d = by_name(drilled, "env_runner")
+    figure(f"EnvRunner killed at iteration {d['killed_at_iteration']}: back (restarted, resynced, "
+           f"{d['restarts']} restart counted) in {d['recovery_s']}s")
+    assert d["outcome"] == "recovered" and 0 < d["recovery_s"] < RECOVERY_S_MAX
+    assert d["restarts"] >= 1 and d["trial_failures"] == 0  # RLlib restarted the runner; Tune saw no failure
+    assert d["final_iteration"] >= d["killed_at_iteration"] + drill.AFTER_RECOVERY  # training went on
+
+
+def test_trial_death_retries_from_the_latest_checkpoint(drilled):
+    d = by_name(drilled, "trial")
+    figure(f"trial actor killed at iteration {d['killed_at_iteration']}: retried from the checkpoint of iteration "
+           f"{d['resumed_from_checkpoint_iteration']} in {d['recovery_s']}s")
+    assert d["outcome"] == "recovered" and 0 < d["recovery_s"] < RECOVERY_S_MAX
+    assert d["retries"] == 1
+    # counters continue from the checkpoint, not from zero
+    assert d["first_iteration_after"] == d["resumed_from_checkpoint_iteration"] + 1 > 1
+    assert d["first_env_steps_after"] >= 0.9 * drill.BATCH * d["first_iteration_after"]
+    assert d["final_iteration"] > d["first_iteration_after"]  # and the trial finished
+
+
+def test_driver_death_of_rayrl_train_resumes_from_a_checkpoint(drilled):
+    d = by_name(drilled, "driver")
+    figure(f"`rayrl train` killed -9 at iteration {d['killed_at_iteration']}: the same command trains again "
+           f"{d['recovery_s']}s after it starts (whole rerun {d['rerun_s']}s)")
+    assert d["outcome"] == "recovered" and 0 < d["recovery_s"] < RECOVERY_S_MAX
+    assert d["exit_status"] == 0 and "problems" not in d
+    assert 1 < d["first_iteration_after"] <= d["killed_at_iteration"] + 1
+    assert d["files_checked"] > 10
+
+
+def test_every_kept_checkpoint_restores_and_plays(drilled, train_run):
+    ok(drilled["proc"])
+    data = drilled["data"]
+    kept = drill.kept_checkpoints(train_run)
+    assert len(kept) == 2  # checkpoint.keep
+    assert [r["checkpoint"] for r in data["restores"]] == [str(p.relative_to(train_run)) for p in kept]
+    figure(f"restore rate {data['restore_rate']:.0%} of {len(kept)} checkpoints; restore times "
+           f"{[r['restore_s'] for r in data['restores']]} s, episode returns "
+           f"{[r['episode_return'] for r in data['restores']]}")
+    assert data["restore_rate"] == 1.0
+    for r in data["restores"]:
+        assert r["ok"] and r["episode_len"] >= 1 and r["episode_return"] == r["episode_len"]  # CartPole: +1/step
+
+
+def test_report_reads_drill_json(drilled, train_run, tmp_path):
+    ok(drilled["proc"])
+    assert report.main([str(train_run), "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    checks = {c.name: c for c in report.evaluate(runfolder.load(train_run))}
+    assert checks["recovery time (worst drill)"].verdict == report.PASS
+    assert checks["checkpoint restore rate"].verdict == report.PASS
+    assert checks["checkpoint restore rate"].measured == "100.0%"
+    worst = max(d["recovery_s"] for d in drilled["data"]["drills"])
+    assert f"{worst:.1f} s" in checks["recovery time (worst drill)"].measured
+    assert "| env_runner |" in text and "| driver |" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep's driver killed in phase 2
+
+
+SWEEP_TINY = ["--set", "search.doubling.start=512", "--set", "search.doubling.cap=1024",
+              "--set", "search.doubling.warmup_iters=0", "--set", "search.doubling.measure_iters=1",
+              "--set", "search.num_samples=2", "--set", "search.max_env_steps=2048",
+              "--set", "search.grace_env_steps=2048", "--set", "resources.env_runners=0", "--set", "checkpoint.every=2"]
+
+
+def test_driver_death_during_sweep_phase2_resumes_without_rerunning(tmp_path):
+    storage = tmp_path / "runs"
+    ok(run([sys.executable, str(ROOT / "experiments" / "sweep.py"), "--config", CONFIG, *TINY, *SWEEP_TINY,
+            "--storage", str(storage), "--name", "sweep", "--num-cpus", "2"], timeout=600))
+    sweep = storage / "sweep"
+    before = digest(sweep)
+    proc = ok(run([*DRILL, str(sweep), "--only", "driver"], timeout=900))
+    data = json.loads((sweep / "drill.json").read_text())
+    d = data["drills"][0]
+    figure(f"sweep driver killed -9 in {d['killed_at']}: the same command trains again {d['recovery_s']}s after "
+           f"it starts (whole rerun {d['rerun_s']}s); restore rate {data['restore_rate']:.0%} of "
+           f"{len(data['restores'])}")
+    assert d["name"] == "driver" and d["kind"] == "sweep" and d["outcome"] == "recovered", proc.stdout
+    assert 0 < d["recovery_s"] < RECOVERY_S_MAX and d["exit_status"] == 0
+    assert d["finished_before_kill"] >= 1 and d["finished_trials_rerun"] == 0 and d["phase1_kept"] is True
+    assert "problems" not in d and d["files_checked"] > 20
+    scratch = sweep / "drills" / "driver"
+    trials = pd.read_csv(scratch / "trials.csv")
+    assert len(trials) == 4 and set(trials["status"]) <= {"completed", "reached_target", "stopped_early"}
+    assert json.loads((scratch / "summary.json").read_text())["kind"] == "sweep"
+    # every phase-2 trial of the user's sweep kept a checkpoint, and all of them restore
+    assert len(data["restores"]) >= 2 and data["restore_rate"] == 1.0
+    assert digest(sweep, skip=("drills/", "drill.json")) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# A node dies: a head and two worker nodes on this machine
+
+CLUSTER = """
+import time
+from ray.cluster_utils import Cluster
+c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+for _ in range(2):
+    c.add_node(num_cpus=3)
+c.wait_for_nodes()
+print(c.address, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_node_death_is_survived_on_a_three_node_cluster(train_run, tmp_path):
+    """`rayrl drill --only node --address` against ray.cluster_utils.Cluster: the raylet of the worker node
+    that hosts the drill's actors is killed; the trial carries on on the other worker."""
+    run_dir = tmp_path / "train"
+    shutil.copytree(train_run, run_dir, ignore=shutil.ignore_patterns("drills", "drill.json"))
+    earlier = {"name": "trial", "outcome": "recovered", "recovery_s": 9.0}
+    (run_dir / "drill.json").write_text(json.dumps({"drills": [earlier], "restore_rate": 1.0}))
+    token = tmp_path / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    env = subprocess_env(**auth)
+    env.pop("RAY_AUTH_TOKEN", None)
+    head = subprocess.Popen([sys.executable, "-c", CLUSTER], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        address = head.stdout.readline().strip()
+        assert address, "the cluster did not start"
+        proc = subprocess.run([*DRILL, str(run_dir), "--only", "node", "--no-restore", "--address", address],
+                              env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait()
+    ok(proc)
+    data = json.loads((run_dir / "drill.json").read_text())
+    node = next(d for d in data["drills"] if d["name"] == "node")
+    figure(f"worker node killed (hosting {', '.join(node['hosted'])}) at iteration {node['killed_at_iteration']}: "
+           f"training back in {node['recovery_s']}s")
+    assert "[drill] cluster: 3 node(s)" in proc.stdout
+    assert node["outcome"] == "recovered" and 0 < node["recovery_s"] < RECOVERY_S_MAX
+    assert "SingleAgentEnvRunner" in node["hosted"] or "PPO" in node["hosted"]
+    assert node["final_iteration"] > node["killed_at_iteration"]
+    assert next(d for d in data["drills"] if d["name"] == "trial") == earlier  # --only keeps earlier drills
+
+
+# ---------------------------------------------------------------------------------------------
+# A kill during a checkpoint write
+
+
+def _kill_on_new_checkpoint(proc: subprocess.Popen, trial_glob: Path, index: int, deadline: float) -> dict:
+    """SIGKILL the process group the moment checkpoint_{index:06d} appears; what it held then."""
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = list(trial_glob.parent.glob(f"{trial_glob.name}/checkpoint_{index:06d}"))
+        if found:
+            os.killpg(proc.pid, signal.SIGKILL)
+            files = sorted(str(p.relative_to(found[0])) for p in found[0].rglob("*") if p.is_file())
+            proc.wait()
+            return {"dir": found[0], "files_at_kill": files}
+        time.sleep(0.002)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return {}
+
+
+def test_kill_during_a_checkpoint_write_leaves_a_resumable_run(tmp_path, ray_local):
+    storage = tmp_path / "runs"
+    cmd = [*TRAIN, "--storage", str(storage), "--name", "ckpt", "--num-cpus", "2", "--set", "stop.env_steps=6144",
+           "--set", "checkpoint.every=1", "--set", "checkpoint.keep=2", "--set", "resources.env_runners=0"]
+    run_dir = storage / "ckpt"
+    first = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True, cwd=ROOT)
+    killed = _kill_on_new_checkpoint(first, run_dir / "tune" / "PPO_*", 3, time.monotonic() + 300)
+    assert killed, "no fourth checkpoint appeared within 300 s"
+    complete = sorted(str(p.relative_to(killed["dir"].parent / "checkpoint_000002"))
+                      for p in (killed["dir"].parent / "checkpoint_000002").rglob("*") if p.is_file())
+    caught = len(killed["files_at_kill"]) < len(complete)
+    figure(f"killed while checkpoint_000003 was being written: {len(killed['files_at_kill'])} of {len(complete)} "
+           f"files on disk ({'a torn checkpoint' if caught else 'the copy had just finished'})")
+    # Whatever the race gave, leave the torn state a kill mid-copy leaves: the newest checkpoint folder
+    # holding a prefix of its files, the rest cut short.
+    torn = killed["dir"]
+    for i, rel in enumerate(complete):
+        path = torn / rel
+        if i % 2 and path.exists():
+            path.unlink()
+        elif path.exists():
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    history = run_dir / "history.csv"
+    killed_at = int(pd.read_csv(history)[keys.ITERATION].max())
+    rows_before = len(pd.read_csv(history))
+
+    start = time.monotonic()
+    ok(run(cmd, timeout=600))
+    figure(f"the same command resumed and finished in {time.monotonic() - start:.0f}s")
+    after = pd.read_csv(history)
+    first_resumed = int(after[keys.ITERATION].iloc[rows_before])
+    assert 1 < first_resumed <= killed_at + 1  # from a complete checkpoint, never from zero or the torn one
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["env_steps"] >= 6144
+
+    spec = S.load(run_dir / "spec.yaml")
+    restores, rate = drill.restore_checkpoints(run_dir, spec)
+    figure(f"restore rate after the resume: {rate:.0%} of {len(restores)}")
+    assert rate == 1.0 and len(restores) == 2
+
+
+def test_a_torn_experiment_state_is_a_clear_error_not_a_hang(tmp_path):
+    """Tune copies its experiment state non-atomically; a kill mid-copy cuts it short. Tune would then
+    restart the run with no trial and wait forever; rayrl says what happened, exits 2, changes nothing."""
+    storage = tmp_path / "runs"
+    cmd = [*TRAIN, "--storage", str(storage), "--name", "torn", "--num-cpus", "2", "--set", "stop.env_steps=1024",
+           "--set", "resources.env_runners=0"]
+    ok(run(cmd, timeout=600))
+    state = sorted((storage / "torn" / "tune").glob("experiment_state-*.json"))[-1]
+    state.write_text(state.read_text()[: len(state.read_text()) // 3])
+    before = digest(storage / "torn")
+    proc = run(cmd, timeout=180)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "cut short" in proc.stderr and "Traceback" not in proc.stderr and state.name in proc.stderr
+    assert digest(storage / "torn") == before
