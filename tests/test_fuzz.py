@@ -365,6 +365,5 @@ def test_drill_on_a_damaged_run_folder_exits_2_and_writes_nothing(earlier_run, c
     before = digest(earlier_run)
     assert drill.main([str(earlier_run)]) == 2
     err = capsys.readouterr().err
-    err = " ".join(err.split())
-    assert "spec.yaml" in err and "algo.lr" in err and "Traceback" not in err
+    assert "spec.yaml" in "".join(err.split()) and "algo.lr" in err and "Traceback" not in err
     assert digest(earlier_run) == before and not (earlier_run / "drills").exists()
