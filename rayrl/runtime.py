@@ -21,10 +21,6 @@ class RunPaths:
     run_dir: Path
     remote: bool
 
-    @property
-    def tune_storage(self) -> str:
-        return self.storage
-
 
 def resolve(storage: str, name: str) -> RunPaths:
     """Check the storage path and the name before any Ray work; create the local run folder.

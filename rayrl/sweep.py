@@ -51,6 +51,8 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         log.warning("search.doubling.cap=%d is above %d: sample efficiency falls above that batch size; "
                     "the ladder may pick a knee that learns slower per env step.", spec.search.doubling.cap,
                     SAFE_CAP)
+    from rayrl.train import trial_resources
+
     spec_mod.dump(spec, paths.run_dir / "spec.yaml")
     rows, phase1_steps = phase1(spec, paths)
     ladder = throughput.admissible(rows)
@@ -77,7 +79,7 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "trials": len(trials),
         "stopped_early": sum(1 for t in trials if t["status"] == "stopped_early"),
         "scheduler": spec.search.scheduler,
-        "resources": _trial_resources(spec),
+        "resources": trial_resources(spec),
     }
     _write_json(paths.run_dir / "summary.json", summary)
     if best is not None:
@@ -88,12 +90,6 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
                                                              spec.algo.minibatch_size)})
         spec_mod.dump(best_spec, paths.run_dir / "best_config.yaml")
     return summary
-
-
-def _trial_resources(spec: Spec) -> dict:
-    from rayrl.train import trial_resources
-
-    return trial_resources(spec)
 
 
 def phase1(spec: Spec, paths: runtime.RunPaths) -> tuple[list[throughput.Row], int]:

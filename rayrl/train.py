@@ -157,6 +157,3 @@ def main(args: argparse.Namespace) -> int:
         return 1
     return 0
 
-
-def load_summary(run_dir: str | Path) -> dict:
-    return json.loads((Path(run_dir) / "summary.json").read_text())
