@@ -132,6 +132,9 @@ class RayrlCallback(RLlibCallback):
         self._last_steps: float | None = None
         self._last_time = 0.0
 
+    def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
+        metrics.start(self, algorithm)  # the first hardware interval then covers the first iteration
+
     def on_train_result(self, *, algorithm: Any, result: dict, **kwargs: Any) -> None:
         cfg = algorithm.config
         if self._backend is None:

@@ -275,13 +275,22 @@ class TrialObserver:
                            "trial, results still carry the figures.", exc)
 
 
-def observe(holder: Any, algorithm: Any, result: dict) -> None:
-    """Called by RayrlCallback.on_train_result: the observer lives on the callback (one per trial)."""
+def start(holder: Any, algorithm: Any) -> Any:
+    """The trial's observer, made once and kept on the callback (one per trial process).
+
+    Called when the algorithm is built, so the first hardware interval spans the first iteration
+    instead of the instant between two samples (which reads as NaN).
+    """
     observer = getattr(holder, "_rayrl_observer", None)
     if observer is None:
         observer = TrialObserver(algorithm)
         holder._rayrl_observer = observer
-    observer.observe(result)
+    return observer
+
+
+def observe(holder: Any, algorithm: Any, result: dict) -> None:
+    """Called by RayrlCallback.on_train_result: adds the figures and publishes them."""
+    start(holder, algorithm).observe(result)
 
 
 def _number(value: Any) -> float | None:

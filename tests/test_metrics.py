@@ -215,6 +215,7 @@ def test_observe_keeps_one_observer_per_callback(monkeypatch):
 
     monkeypatch.setattr(metrics, "TrialObserver", Obs)
     holder, result = SimpleNamespace(), {}
+    metrics.start(holder, None)  # at algorithm init
     metrics.observe(holder, None, result)
     metrics.observe(holder, None, result)
     assert len(made) == 1 and result["seen"] == 1

@@ -24,18 +24,19 @@ pytestmark = pytest.mark.slow
 CONFIGS = ROOT / "experiments" / "configs"
 
 
-def train_until(algorithm, env_steps: int, max_s: float) -> list[tuple[float, float]]:
-    """(env steps, return) per iteration until the budget is spent."""
-    curve = []
+def train_until(algorithm, env_steps: int, max_s: float) -> tuple[list[tuple[float, float]], dict]:
+    """(env steps, return) per iteration until the budget is spent, and the first result's rayrl section."""
+    curve, first = [], None
     start = time.monotonic()
     while True:
         result = algorithm.train()
+        first = first or result["rayrl"]
         steps = keys.lookup(result, keys.ENV_STEPS)
         ret = keys.lookup(result, keys.EPISODE_RETURN)
         if ret is not None:
             curve.append((steps, ret))
         if steps >= env_steps or time.monotonic() - start > max_s:
-            return curve
+            return curve, first
 
 
 def untrained_return(algorithm, episodes: int = 20) -> float:
@@ -72,7 +73,7 @@ def test_algorithm_learns_cartpole(ray_local, config, budget, threshold):
     algorithm = algo.build_config(spec).build_algo()
     try:
         baseline = untrained_return(algorithm)
-        curve = train_until(algorithm, budget, max_s=240)
+        curve, first = train_until(algorithm, budget, max_s=240)
         result_section = algorithm.train()["rayrl"]
     finally:
         algorithm.stop()
@@ -83,6 +84,8 @@ def test_algorithm_learns_cartpole(ray_local, config, budget, threshold):
     assert result_section["backend"] == "none" and result_section["num_learners"] == 0
     assert result_section["global_batch"] == spec.algo.train_batch_per_learner
     assert result_section["env_steps_per_s"] > 0
+    # The hardware interval starts when the algorithm is built: even the first iteration has a figure.
+    assert 0.0 < first["cpu_util"] <= 1.0 and 0.0 < first["mem_util"] < 1.0, first
 
 
 def test_rayrl_train_resumes_after_a_kill(tmp_path):
