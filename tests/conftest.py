@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,20 @@ def subprocess_env(**extra: str) -> dict:
     env.pop("RAY_ADDRESS", None)
     env.update(extra)
     return env
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (tests start several Ray heads on one machine)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def head_port_flags() -> list[str]:
+    """`ray start --head` flags that move every fixed default port to a free one.
+
+    Ray's defaults (job agent 52365, client server 10001, ...) collide with any other Ray on the
+    machine; a head whose job agent cannot bind answers "No available agent to submit job" forever.
+    """
+    return [f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}"]

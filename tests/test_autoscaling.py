@@ -2,7 +2,7 @@
 the sweep finishes on them, and they go once idle.
 
 Ray's fake_multinode provider starts "worker nodes" as extra raylets on this machine. Their types
-are derived from cluster_configs/gpu.yaml (rayrl.cluster.fake_multinode_config): same names and
+are derived from cluster_configs/gpu.yaml (rayrl.cluster_fake.fake_multinode_config): same names and
 labels, one CPU each, the GPUs replaced by the custom resource `rayrl_fake_gpu` so no CUDA is
 needed. A smoke sweep is submitted with `ray job submit` whose learners ask for that resource
 (resources.custom_per_learner; learners=1, because with learners=0 RLlib's placement group does
@@ -21,7 +21,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,9 +33,9 @@ from typing import Callable, Iterator
 import pytest
 import yaml
 
-from rayrl import cluster
+from conftest import ROOT, free_port, head_port_flags
+from rayrl.cluster_fake import fake_multinode_config
 
-ROOT = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).parent / "ray")
 STAND_IN = "rayrl_fake_gpu"
 IDLE_TIMEOUT_MIN = 0.25
@@ -87,12 +86,6 @@ class FakeCluster:
     def worker_nodes(self) -> list[dict]:
         """Alive nodes that the autoscaler added (they carry the GPU stand-in)."""
         return [n for n in self.nodes() or [] if n["resources"].get(STAND_IN)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _wait(what: str, done: Callable[[], object], timeout: float, head: subprocess.Popen | None = None) -> object:
@@ -152,11 +145,11 @@ def fake_cluster() -> Iterator[FakeCluster]:
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
     ip = get_node_ip_address()
-    gcs_port, dash_port = _free_port(), _free_port()
+    gcs_port, dash_port = free_port(), free_port()
     launcher = yaml.safe_load((ROOT / "cluster_configs" / "gpu.yaml").read_text())
-    config = cluster.fake_multinode_config(launcher, gpu_stand_in=STAND_IN, max_workers_per_type=1,
-                                           idle_timeout_minutes=IDLE_TIMEOUT_MIN, head_cpus=1,
-                                           gcs_address=f"{ip}:{gcs_port}")
+    config = fake_multinode_config(launcher, gpu_stand_in=STAND_IN, max_workers_per_type=1,
+                                   idle_timeout_minutes=IDLE_TIMEOUT_MIN, head_cpus=1,
+                                   gcs_address=f"{ip}:{gcs_port}")
     (temp_dir / "autoscaling.yaml").write_text(json.dumps(config))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0",
@@ -164,7 +157,7 @@ def fake_cluster() -> Iterator[FakeCluster]:
     log = (temp_dir / "head.log").open("w")
     head = subprocess.Popen(
         [RAY, "start", "--head", "--block", f"--port={gcs_port}", f"--dashboard-port={dash_port}",
-         f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
+         *head_port_flags(),
          "--num-cpus=1", "--num-gpus=0", f"--temp-dir={temp_dir}", "--object-store-memory=200000000",
          f"--autoscaling-config={temp_dir / 'autoscaling.yaml'}", "--disable-usage-stats"],
         env={**env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"},

@@ -20,6 +20,8 @@ import ray
 import yaml
 
 from rayrl import cluster
+from rayrl.cluster_common import image_ray_version
+from rayrl.cluster_fake import fake_multinode_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "cluster_configs"
@@ -283,7 +285,7 @@ def test_unreadable_files_get_a_clear_problem(tmp_path: Path, text: str | None, 
     ("acme/trainer:2.60.0", None),
 ])
 def test_image_ray_version(image: str, version: str | None) -> None:
-    assert cluster.image_ray_version(image) == version
+    assert image_ray_version(image) == version
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,7 +337,7 @@ def test_fake_multinode_config_mirrors_learner_worker_types() -> None:
     from ray.autoscaler._private.util import validate_config
 
     launcher = load("gpu.yaml")
-    fake = cluster.fake_multinode_config(launcher, gpu_stand_in="fake_gpu", max_workers_per_type=2)
+    fake = fake_multinode_config(launcher, gpu_stand_in="fake_gpu", max_workers_per_type=2)
     validate_config(copy.deepcopy(fake))   # Ray's schema accepts it as a complete config
     workers = {n: t for n, t in fake["available_node_types"].items() if n != "ray.head.default"}
     assert set(workers) == {n for n in launcher["available_node_types"] if n != launcher["head_node_type"]}

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rayrl import drill, keys, report, runfolder
+from rayrl import acceptance, drill_harness, evaluation, keys, report, restore, runfolder
 from rayrl import spec as S
 
 from conftest import ROOT, subprocess_env
@@ -119,7 +119,7 @@ def test_drill_writes_drill_json_and_leaves_the_run_untouched(drilled, train_run
     assert sorted(p.name for p in (train_run / "drills").iterdir() if p.is_dir()) == ["driver", "env_runner",
                                                                                        "trial"]
     scratch = S.load(train_run / "drills" / "trial" / "spec.yaml")
-    assert scratch.algo.train_batch_per_learner == drill.BATCH and scratch.name == "trial"
+    assert scratch.algo.train_batch_per_learner == drill_harness.BATCH and scratch.name == "trial"
 
 
 def test_env_runner_death_is_survived_and_counted(drilled):
@@ -128,7 +128,7 @@ def test_env_runner_death_is_survived_and_counted(drilled):
            f"{d['restarts']} restart counted) in {d['recovery_s']}s")
     assert d["outcome"] == "recovered" and 0 < d["recovery_s"] < RECOVERY_S_MAX
     assert d["restarts"] >= 1 and d["trial_failures"] == 0  # RLlib restarted the runner; Tune saw no failure
-    assert d["final_iteration"] >= d["killed_at_iteration"] + drill.AFTER_RECOVERY  # training went on
+    assert d["final_iteration"] >= d["killed_at_iteration"] + drill_harness.AFTER_RECOVERY  # training went on
 
 
 def test_trial_death_retries_from_the_latest_checkpoint(drilled):
@@ -139,7 +139,7 @@ def test_trial_death_retries_from_the_latest_checkpoint(drilled):
     assert d["retries"] == 1
     # counters continue from the checkpoint, not from zero
     assert d["first_iteration_after"] == d["resumed_from_checkpoint_iteration"] + 1 > 1
-    assert d["first_env_steps_after"] >= 0.9 * drill.BATCH * d["first_iteration_after"]
+    assert d["first_env_steps_after"] >= 0.9 * drill_harness.BATCH * d["first_iteration_after"]
     assert d["final_iteration"] > d["first_iteration_after"]  # and the trial finished
 
 
@@ -156,7 +156,7 @@ def test_driver_death_of_rayrl_train_resumes_from_a_checkpoint(drilled):
 def test_every_kept_checkpoint_restores_and_plays(drilled, train_run):
     ok(drilled["proc"])
     data = drilled["data"]
-    kept = drill.kept_checkpoints(train_run)
+    kept = restore.kept_checkpoints(train_run)
     assert len(kept) == 2  # checkpoint.keep
     assert [r["checkpoint"] for r in data["restores"]] == [str(p.relative_to(train_run)) for p in kept]
     figure(f"restore rate {data['restore_rate']:.0%} of {len(kept)} checkpoints; restore times "
@@ -171,9 +171,9 @@ def test_report_reads_drill_json(drilled, train_run, tmp_path):
     ok(drilled["proc"])
     assert report.main([str(train_run), "--out", str(tmp_path)]) == 0
     text = (tmp_path / "report.md").read_text()
-    checks = {c.name: c for c in report.evaluate(runfolder.load(train_run))}
-    assert checks["recovery time (worst drill)"].verdict == report.PASS
-    assert checks["checkpoint restore rate"].verdict == report.PASS
+    checks = {c.name: c for c in evaluation.evaluate(runfolder.load(train_run))}
+    assert checks["recovery time (worst drill)"].verdict == acceptance.PASS
+    assert checks["checkpoint restore rate"].verdict == acceptance.PASS
     assert checks["checkpoint restore rate"].measured == "100.0%"
     worst = max(d["recovery_s"] for d in drilled["data"]["drills"])
     assert f"{worst:.1f} s" in checks["recovery time (worst drill)"].measured
@@ -320,7 +320,7 @@ def test_kill_during_a_checkpoint_write_leaves_a_resumable_run(tmp_path, ray_loc
     assert summary["status"] == "finished" and summary["env_steps"] >= 6144
 
     spec = S.load(run_dir / "spec.yaml")
-    restores, rate = drill.restore_checkpoints(run_dir, spec)
+    restores, rate = restore.restore_checkpoints(run_dir, spec)
     figure(f"restore rate after the resume: {rate:.0%} of {len(restores)}")
     assert rate == 1.0 and len(restores) == 2
 

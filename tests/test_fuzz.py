@@ -18,7 +18,7 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from rayrl import cluster, doctor, drill, report, runfolder
+from rayrl import cluster, doctor, drill, evaluation, report, runfolder
 from rayrl import spec as S
 from rayrl.runfolder import RunFolderError
 from rayrl.spec import SpecError
@@ -250,10 +250,10 @@ def notebook_reads(run: runfolder.RunFolder) -> None:
     runfolder.subject_history(run)
     runfolder.knee_batch(run)
     runfolder.best_trial_id(run)
-    report.evaluate(run)
-    report.run_costs(run)
+    evaluation.evaluate(run)
+    evaluation.run_costs(run)
     if run.kind == "sweep":
-        report.ladder_costs(run)
+        evaluation.ladder_costs(run)
     doctor.diagnose(doctor.evidence([str(run.path)]))
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-import socket
 import time
 import urllib.request
 from collections import namedtuple
@@ -12,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import free_port
 from rayrl import keys, metrics
 from rayrl.cost import TrialResources
 
@@ -225,12 +225,6 @@ def test_observe_keeps_one_observer_per_callback(monkeypatch):
 # Ray's Prometheus export, end to end
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _scrape(port: int, names: tuple[str, ...], timeout_s: float,
             tags: dict[str, str] | None = None) -> dict[str, list[tuple[dict, float]]]:
     """Poll the export until every name has a sample (with ``tags``, if given): exports lag seconds."""
@@ -258,7 +252,7 @@ def metrics_port():
     """A local Ray exporting metrics on a free port, shut down after this module's slow tests."""
     import ray
 
-    port = _free_port()
+    port = free_port()
     ray.init(address="local", num_cpus=1, _metrics_export_port=port, include_dashboard=False, log_to_driver=False)
     yield port
     ray.shutdown()

@@ -90,7 +90,7 @@ def test_training_notebook_on_a_train_run_and_a_sweeps_best_trial(smoke_runs, mo
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sweep", "train"])
 def test_report_and_doctor_on_smoke_runs(smoke_runs, kind, tmp_path):
-    from rayrl import doctor, report
+    from rayrl import acceptance, doctor, evaluation, report
     from rayrl.runfolder import load
 
     run_dir = smoke_runs[kind]
@@ -109,10 +109,10 @@ def test_report_and_doctor_on_smoke_runs(smoke_runs, kind, tmp_path):
     for section in ("## Summary", "## Acceptance", "## Cost", "## Throughput ladder", "## Trials", "## Training",
                     "## Fault tolerance", "## Plots"):
         assert section in text
-    for part in report.PARTS:
+    for part in acceptance.PARTS:
         assert f"| {part} | " in text
     assert (tmp_path / "plots" / "training.png").stat().st_size > 5000
-    checks = {c.name: c for c in report.evaluate(run, load(smoke_runs["sweep"]) if kind == "train" else None)}
+    checks = {c.name: c for c in evaluation.evaluate(run, load(smoke_runs["sweep"]) if kind == "train" else None)}
     assert checks["memory (peak)"].verdict in ("PASS", "FAIL") and "host" in checks["memory (peak)"].measured
     assert checks["env steps/s (median)"].verdict in ("PASS", "FAIL")  # an expected figure from the ladder
     assert checks["cost per effective sample vs baseline"].verdict in ("PASS", "FAIL")

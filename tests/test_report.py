@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from rayrl import keys, report
-from rayrl.report import FAIL, NA, PASS, Thresholds
+from rayrl import acceptance, evaluation, keys, plots, report
+from rayrl.acceptance import FAIL, NA, PASS, Thresholds
 from rayrl.runfolder import RunFolderError, best_trial_id, knee_batch, ladder_knee, load, subject_history
 
 # ---------------------------------------------------------------------------------------------
@@ -96,25 +96,25 @@ def verdicts(checks):
 
 
 def test_gpu_utilisation_pass_fail_na():
-    assert report.check_gpu_util([0.95, 0.91, 0.93]).verdict == PASS
-    c = report.check_gpu_util([0.95, 0.70, 0.80])
+    assert acceptance.check_gpu_util([0.95, 0.91, 0.93]).verdict == PASS
+    c = acceptance.check_gpu_util([0.95, 0.70, 0.80])
     assert c.verdict == FAIL and c.measured == "81.7%" and c.threshold == ">= 90.0%"
-    na = report.check_gpu_util([math.nan, math.nan])
+    na = acceptance.check_gpu_util([math.nan, math.nan])
     assert na.verdict == NA and "no GPU" in na.measured
 
 
 def test_memory_judges_the_worse_of_gpu_and_host():
-    assert report.check_memory([0.80, 0.90], [0.40]).verdict == PASS
-    c = report.check_memory([0.80, 0.96], [0.40])
+    assert acceptance.check_memory([0.80, 0.90], [0.40]).verdict == PASS
+    c = acceptance.check_memory([0.80, 0.96], [0.40])
     assert c.verdict == FAIL and c.measured == "GPU 96.0%, host 40.0%"
-    assert report.check_memory([math.nan], [0.97]).verdict == FAIL  # host memory alone, no GPU
-    assert report.check_memory([math.nan], [math.nan]).verdict == NA
+    assert acceptance.check_memory([math.nan], [0.97]).verdict == FAIL  # host memory alone, no GPU
+    assert acceptance.check_memory([math.nan], [math.nan]).verdict == NA
 
 
 def test_network_pass_fail_na():
-    assert report.check_network([0.10, 0.79]).verdict == PASS
-    assert report.check_network([0.10, 0.81]).verdict == FAIL
-    assert report.check_network([math.nan]).verdict == NA
+    assert acceptance.check_network([0.10, 0.79]).verdict == PASS
+    assert acceptance.check_network([0.10, 0.81]).verdict == FAIL
+    assert acceptance.check_network([math.nan]).verdict == NA
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,36 +122,36 @@ def test_network_pass_fail_na():
 
 
 def test_throughput_against_the_expected_figure():
-    assert report.check_throughput(950.0, 1000.0, "ladder rung 4096").verdict == PASS   # within 10%
-    c = report.check_throughput(850.0, 1000.0, "ladder rung 4096")
+    assert acceptance.check_throughput(950.0, 1000.0, "ladder rung 4096").verdict == PASS   # within 10%
+    c = acceptance.check_throughput(850.0, 1000.0, "ladder rung 4096")
     assert c.verdict == FAIL and c.measured == "850" and c.threshold.startswith(">= 900")
-    assert report.check_throughput(850.0, None, "no expected figure: set it").verdict == NA
-    assert report.check_throughput(850.0, 1000.0, "x", Thresholds(env_steps_per_s_tolerance=0.2)).verdict == PASS
+    assert acceptance.check_throughput(850.0, None, "no expected figure: set it").verdict == NA
+    assert acceptance.check_throughput(850.0, 1000.0, "x", Thresholds(env_steps_per_s_tolerance=0.2)).verdict == PASS
 
 
 def test_loss_spikes_ignore_a_trend_and_catch_a_jump():
     trend = [10.0 - 0.5 * i + 0.05 * ((i * 7) % 5) for i in range(20)]
-    assert report.loss_spikes(trend) == []
+    assert acceptance.loss_spikes(trend) == []
     spiked = list(trend)
     spiked[12] += 5.0
-    assert report.loss_spikes(spiked) == [12]
-    assert report.loss_spikes([1.0, 1.0, math.inf, 1.0, 1.0, 1.0]) == [2]
-    assert report.loss_spikes([1.0, math.nan, 1.0, 1.0, 1.0, 1.0]) == []  # NaN: not reported
+    assert acceptance.loss_spikes(spiked) == [12]
+    assert acceptance.loss_spikes([1.0, 1.0, math.inf, 1.0, 1.0, 1.0]) == [2]
+    assert acceptance.loss_spikes([1.0, math.nan, 1.0, 1.0, 1.0, 1.0]) == []  # NaN: not reported
     # A real PPO CartPole loss curve from a smoke sweep: noisy, no spike.
     ppo = [0.042, 0.088, 0.11, 0.108, 0.11, 0.074, 0.091, 0.119, 0.064, 0.031, 0.032, 0.112, 0.099, 0.135, 0.148]
-    assert report.loss_spikes(ppo) == []
+    assert acceptance.loss_spikes(ppo) == []
     ppo[9] = 0.9
-    assert report.loss_spikes(ppo) == [9]
+    assert acceptance.loss_spikes(ppo) == [9]
 
 
 def test_loss_check_pass_fail_na():
     smooth = [1.0 / i for i in range(1, 15)]
-    assert report.check_loss({"a": smooth}).verdict == PASS
+    assert acceptance.check_loss({"a": smooth}).verdict == PASS
     bad = list(smooth)
     bad[8] = 3.0
-    c = report.check_loss({"a": smooth, "b": bad})
+    c = acceptance.check_loss({"a": smooth, "b": bad})
     assert c.verdict == FAIL and c.measured.startswith("1 spikes in 28 points") and "b: points [8]" in c.measured
-    assert report.check_loss({"a": [1.0, 2.0]}).verdict == NA
+    assert acceptance.check_loss({"a": [1.0, 2.0]}).verdict == NA
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,20 +159,20 @@ def test_loss_check_pass_fail_na():
 
 
 def test_return_against_target():
-    assert report.check_return(451.0, 450.0).verdict == PASS
-    assert report.check_return(449.0, 450.0).verdict == FAIL
-    assert report.check_return(449.0, None).verdict == NA
-    assert report.check_return(math.nan, 450.0).verdict == NA
+    assert acceptance.check_return(451.0, 450.0).verdict == PASS
+    assert acceptance.check_return(449.0, 450.0).verdict == FAIL
+    assert acceptance.check_return(449.0, None).verdict == NA
+    assert acceptance.check_return(math.nan, 450.0).verdict == NA
 
 
 def test_stability_coefficient_of_variation():
-    assert report.return_cv([100.0, 100.0, 100.0])[0] == 0.0
-    cv, n = report.return_cv([0.0] * 5 + [90.0, 110.0] * 5, window=10)
+    assert acceptance.return_cv([100.0, 100.0, 100.0])[0] == 0.0
+    cv, n = acceptance.return_cv([0.0] * 5 + [90.0, 110.0] * 5, window=10)
     assert n == 10 and cv == pytest.approx(0.1)
-    assert report.check_stability([450.0, 455.0, 448.0, 452.0]).verdict == PASS
-    c = report.check_stability([100.0, 300.0, 200.0, 400.0])
+    assert acceptance.check_stability([450.0, 455.0, 448.0, 452.0]).verdict == PASS
+    c = acceptance.check_stability([100.0, 300.0, 200.0, 400.0])
     assert c.verdict == FAIL and c.measured.startswith("0.447")
-    assert report.check_stability([100.0, math.nan]).verdict == NA
+    assert acceptance.check_stability([100.0, math.nan]).verdict == NA
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,44 +180,46 @@ def test_stability_coefficient_of_variation():
 
 
 def test_cost_needs_ten_percent_below_baseline():
-    assert report.check_cost(0.89e-6, 1e-6, "knee vs first").verdict == PASS
-    c = report.check_cost(0.95e-6, 1e-6, "knee vs first")
+    assert acceptance.check_cost(0.89e-6, 1e-6, "knee vs first").verdict == PASS
+    c = acceptance.check_cost(0.95e-6, 1e-6, "knee vs first")
     assert c.verdict == FAIL and c.measured.startswith("-5.0%")
-    assert report.check_cost(None, None, "no baseline: pass --baseline").verdict == NA
+    assert acceptance.check_cost(None, None, "no baseline: pass --baseline").verdict == NA
 
 
 def test_fault_tolerance_from_drills():
     good = {"drills": [{"name": "kill_trial", "recovery_s": 42.0, "outcome": "recovered"},
                        {"name": "kill_node", "recovery_s": 180.0, "outcome": "recovered"}], "restore_rate": 1.0}
-    assert report.check_recovery(good).verdict == PASS and report.check_recovery(good).measured == "180.0 s"
-    assert report.check_restore(good).verdict == PASS
+    assert acceptance.check_recovery(good).verdict == PASS and acceptance.check_recovery(good).measured == "180.0 s"
+    assert acceptance.check_restore(good).verdict == PASS
     slow = {"drills": [{"name": "kill_node", "recovery_s": 301.0, "outcome": "recovered"}], "restore_rate": 1.0}
-    assert report.check_recovery(slow).verdict == FAIL
+    assert acceptance.check_recovery(slow).verdict == FAIL
     failed = {"drills": [{"name": "a", "recovery_s": 10.0, "outcome": "recovered"},
                          {"name": "b", "recovery_s": None, "outcome": "failed"}]}
-    assert report.check_recovery(failed).verdict == FAIL and "failed: b" in report.check_recovery(failed).measured
-    r = report.check_restore(failed)  # no restore_rate: recovered / run = 50%
+    c = acceptance.check_recovery(failed)
+    assert c.verdict == FAIL and "failed: b" in c.measured
+    r = acceptance.check_restore(failed)  # no restore_rate: recovered / run = 50%
     assert r.verdict == FAIL and r.measured == "50.0%"
-    assert report.check_recovery(None).verdict == NA and "rayrl drill" in report.check_recovery(None).measured
-    assert report.check_restore(None).verdict == NA
+    assert acceptance.check_recovery(None).verdict == NA and "rayrl drill" in acceptance.check_recovery(None).measured
+    assert acceptance.check_restore(None).verdict == NA
 
 
 def test_part_verdicts():
-    C = report.Check
+    C = acceptance.Check
     checks = [C("hardware", "a", "", "", NA), C("hardware", "b", "", "", PASS), C("training", "c", "", "", FAIL),
               C("training", "d", "", "", PASS), C("reward", "e", "", "", NA)]
-    assert report.part_verdicts(checks) == {"hardware": PASS, "training": FAIL, "reward": NA, "cost": NA,
+    assert acceptance.part_verdicts(checks) == {"hardware": PASS, "training": FAIL, "reward": NA, "cost": NA,
                                             "fault tolerance": NA}
 
 
 def test_thresholds_from_the_spec_acceptance_block():
-    assert report.thresholds_from({}) == Thresholds()
-    t = report.thresholds_from({"acceptance": {"gpu_util_min": 0.8, "env_steps_per_s": 5000, "return_cv_window": 5}})
+    assert acceptance.thresholds_from({}) == Thresholds()
+    block = {"gpu_util_min": 0.8, "env_steps_per_s": 5000, "return_cv_window": 5}
+    t = acceptance.thresholds_from({"acceptance": block})
     assert t.gpu_util_min == 0.8 and t.env_steps_per_s == 5000 and t.return_cv_window == 5
     with pytest.raises(RunFolderError, match="gpu_utilization.*valid"):
-        report.thresholds_from({"acceptance": {"gpu_utilization": 0.8}})
+        acceptance.thresholds_from({"acceptance": {"gpu_utilization": 0.8}})
     with pytest.raises(RunFolderError, match="not a number"):
-        report.thresholds_from({"acceptance": {"gpu_util_min": "high"}})
+        acceptance.thresholds_from({"acceptance": {"gpu_util_min": "high"}})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,7 +276,7 @@ def test_missing_folder(tmp_path):
 
 def test_evaluate_a_sweep(tmp_path):
     run = load(write_run(tmp_path / "s"))
-    checks = report.evaluate(run)
+    checks = evaluation.evaluate(run)
     v = verdicts(checks)
     assert v["GPU utilisation (mean)"] == NA            # CPU run
     assert v["memory (peak)"] == PASS                   # host 40%
@@ -298,29 +300,29 @@ def test_evaluate_a_train_run_with_a_sweep_baseline_and_drills(tmp_path):
                                   net_util=0.9))
     drill = {"drills": [{"name": "kill_trial", "recovery_s": 30.0, "outcome": "recovered"}], "restore_rate": 1.0}
     train = load(write_run(tmp_path / "t", kind="train", history=h, drill=drill))
-    v = verdicts(report.evaluate(train, baseline=sweep))
+    v = verdicts(evaluation.evaluate(train, baseline=sweep))
     assert v["GPU utilisation (mean)"] == PASS
     assert v["network (peak of link speed)"] == FAIL
     assert v["env steps/s (median)"] == FAIL              # 800 vs the ladder's 1400 at batch 4096
     assert v["cost per effective sample vs baseline"] == FAIL  # slower at the same price: dearer
     assert v["recovery time (worst drill)"] == PASS and v["checkpoint restore rate"] == PASS
-    costc = next(c for c in report.evaluate(train, baseline=sweep) if c.part == "cost")
+    costc = next(c for c in evaluation.evaluate(train, baseline=sweep) if c.part == "cost")
     # Same resources: a median 808 steps/s against the first rung's 1000 steps/s is 23.8% dearer.
     assert costc.measured.startswith("+23.8%") and "t at 808 steps/s vs first rung 2048 of s" in costc.measured
-    alone = verdicts(report.evaluate(train))
+    alone = verdicts(evaluation.evaluate(train))
     assert alone["env steps/s (median)"] == NA and alone["cost per effective sample vs baseline"] == NA
     # Against another train run: 1400 steps/s vs 1000 at the same resources is 28.6% cheaper.
     slow = load(write_run(tmp_path / "slow", kind="train",
                           history=pd.DataFrame(history_rows("x", "train", 4096, 3e-4, 20, 1000.0, 450.0))))
     fast = load(write_run(tmp_path / "fast", kind="train"))
-    c = next(c for c in report.evaluate(fast, baseline=slow) if c.part == "cost")
+    c = next(c for c in evaluation.evaluate(fast, baseline=slow) if c.part == "cost")
     assert c.verdict == PASS and c.measured.startswith("-28.")
 
 
 def test_acceptance_block_overrides_the_expected_throughput(tmp_path):
     spec = {**SPEC, "acceptance": {"env_steps_per_s": 2000}}
     run = load(write_run(tmp_path / "s", spec=spec))
-    c = next(c for c in report.evaluate(run) if c.name == "env steps/s (median)")
+    c = next(c for c in evaluation.evaluate(run) if c.name == "env steps/s (median)")
     assert c.verdict == FAIL and "acceptance.env_steps_per_s" in c.threshold
 
 
@@ -335,7 +337,7 @@ def test_report_writes_every_section_and_plots(tmp_path, capsys):
     for section in ("## Summary", "## Acceptance", "## Cost", "## Throughput ladder", "## Trials", "## Training",
                     "## Fault tolerance", "## Plots"):
         assert section in text
-    for part in report.PARTS:
+    for part in acceptance.PARTS:
         assert f"| {part} |" in text
     for png in ("doubling.png", "trials.png", "lr_return.png", "training.png"):
         data = (root / "plots" / png).read_bytes()
@@ -403,3 +405,12 @@ def test_report_without_matplotlib_still_writes_the_tables(tmp_path, monkeypatch
     text = (root / "report.md").read_text()
     assert "no plots: matplotlib is not installed" in text and "## Acceptance" in text
     assert not (root / "plots" / "doubling.png").exists()
+
+
+def test_plots_of_data_a_run_lacks_say_so(tmp_path):
+    run = load(write_run(tmp_path / "t", kind="train"))
+    for plot, message in ((plots.plot_doubling, "no doubling ladder (not a sweep)"),
+                          (plots.plot_lr_return, "no phase-2 trials")):
+        ax = plot(run)
+        assert [t.get_text() for t in ax.texts] == [message] and not ax.lines and not ax.collections
+

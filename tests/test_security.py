@@ -15,7 +15,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,15 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, free_port, head_port_flags, subprocess_env
 
 RAY = str(Path(sys.executable).parent / "ray")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tracked_files() -> list[Path]:
@@ -190,7 +183,7 @@ def test_a_head_refuses_jobs_and_drivers_without_the_token(tmp_path, token_file)
     without the token; with it (read from RAY_AUTH_TOKEN_PATH) a job runs and a driver connects.
     No log of the head or the job contains the token."""
     token = token_file.read_text()
-    port, dash = _free_port(), _free_port()
+    port, dash = free_port(), free_port()
     temp_dir = Path("/tmp") / f"rayrl-sec-{os.getpid()}"  # short: Ray's socket paths have a length limit
     with_token = subprocess_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
     with_token.pop("RAY_AUTH_TOKEN", None)
@@ -199,7 +192,7 @@ def test_a_head_refuses_jobs_and_drivers_without_the_token(tmp_path, token_file)
     wrong = subprocess_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     head = subprocess.Popen([RAY, "start", "--head", "--block", "--num-cpus=1", f"--port={port}",
                              f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-                             f"--temp-dir={temp_dir}"], env=with_token, start_new_session=True,
+                             *head_port_flags(), f"--temp-dir={temp_dir}"], env=with_token, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         jobs = f"http://127.0.0.1:{dash}/api/jobs/"

@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import yaml
 from rayrl import spec as S
 from rayrl import throughput
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, free_port, head_port_flags, subprocess_env
 
 pytestmark = pytest.mark.slow
 
@@ -129,24 +128,15 @@ def test_sweep_rejects_bad_input_before_ray(tmp_path):
     assert "Started a local Ray" not in proc.stdout + proc.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_ray_job_submit_runs_the_smoke_sweep(tmp_path):
     """`ray start --head` in its own process group, then `ray job submit --working-dir .`."""
     ray_bin = str(Path(sys.executable).parent / "ray")
-    dash = _free_port()
+    dash = free_port()
     temp_dir = Path("/tmp") / f"rayrl-job-{os.getpid()}"  # short: Ray's socket paths have a length limit
     env = subprocess_env(RAY_AUTH_MODE="token")
-    head = subprocess.Popen([ray_bin, "start", "--head", "--block", "--num-cpus=2", f"--port={_free_port()}",
+    head = subprocess.Popen([ray_bin, "start", "--head", "--block", "--num-cpus=2", f"--port={free_port()}",
                              f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-                             # free ports, so a Ray left by another process cannot starve the job agent
-                             f"--dashboard-agent-listen-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
-                             f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}",
-                             f"--temp-dir={temp_dir}"], env=env, start_new_session=True,
+                             *head_port_flags(), f"--temp-dir={temp_dir}"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         address = f"http://127.0.0.1:{dash}"

@@ -62,9 +62,12 @@ def untrained_return(algorithm, episodes: int = 20) -> float:
     return total / episodes
 
 
-# (config, env-step budget, return it must reach). Random play scores about 22.
-LEARNS = [("cartpole_ppo.yaml", 60_000, 150.0), ("cartpole_appo.yaml", 60_000, 100.0),
-          ("cartpole_impala.yaml", 60_000, 80.0)]
+# (config, env-step budget, return it must reach). Random play scores about 22. APPO's and IMPALA's
+# iterations last RLlib's default 10 s (35-65k env steps here), so their budgets span several.
+# Measured on 2 cores: APPO 96-113 at ~85k env steps, 205-224 at ~150k (4 runs); IMPALA 49-59
+# after its first iteration, 170-200 at ~120k (3 runs).
+LEARNS = [("cartpole_ppo.yaml", 60_000, 150.0), ("cartpole_appo.yaml", 150_000, 120.0),
+          ("cartpole_impala.yaml", 150_000, 100.0)]
 
 
 @pytest.mark.parametrize("config,budget,threshold", LEARNS, ids=[c[0] for c in LEARNS])
@@ -79,7 +82,7 @@ def test_algorithm_learns_cartpole(ray_local, config, budget, threshold):
         algorithm.stop()
     best = max(r for _, r in curve)
     assert baseline < 60, f"an untrained policy should score near random (about 22), got {baseline}"
-    assert best >= threshold, f"{spec.algo.name}: best return {best} < {threshold} within {budget} env steps"
+    assert best >= threshold, f"{spec.algo.name}: best return {best} < {threshold} within {budget} env steps: {curve}"
     assert best >= 3 * baseline, f"{spec.algo.name}: best return {best} is not 3x the untrained {baseline}"
     assert result_section["backend"] == "none" and result_section["num_learners"] == 0
     assert result_section["global_batch"] == spec.algo.train_batch_per_learner
