@@ -151,13 +151,24 @@ def phase2(spec: Spec, paths: runtime.RunPaths, ladder: list[int]) -> tuple[list
     tuner.fit()
     trials = [_trial_row(t, spec) for t in _analysis(paths, "phase2").trials]
     write_csv(paths.run_dir / "trials.csv", TRIAL_COLUMNS, trials)
-    finished = [t for t in trials if t["episode_return_mean"] is not None and t["status"] != "error"]
-    best = None
-    if finished:
-        top = max(finished, key=lambda t: t["episode_return_mean"])
-        best = {"trial_id": top["trial_id"], "batch_size": top["batch_size"], "lr": top["lr"],
-                "episode_return_mean": top["episode_return_mean"], "env_steps": top["env_steps"]}
+    top = pick_best(trials)
+    best = None if top is None else {k: top[k] for k in ("trial_id", "batch_size", "lr", "episode_return_mean",
+                                                         "env_steps")}
     return trials, best, sum(int(t["env_steps"] or 0) for t in trials)
+
+
+def pick_best(trials: list[dict]) -> dict | None:
+    """The trial whose config the sweep ships: of those that reached the target, the one that needed
+    the fewest env steps (ties: the higher return); if none did, the highest return.
+
+    A trial stops at its first result at or above the target, so among those the final return is
+    noise (451 vs 478); the env steps it took are what a production run of that config will pay.
+    """
+    finished = [t for t in trials if t["episode_return_mean"] is not None and t["status"] != "error"]
+    reached = [t for t in finished if t["status"] == "reached_target" and t["env_steps"] is not None]
+    if reached:
+        return min(reached, key=lambda t: (t["env_steps"], -t["episode_return_mean"]))
+    return max(finished, key=lambda t: t["episode_return_mean"], default=None)
 
 
 def _analysis(paths: runtime.RunPaths, subdir: str) -> Any:

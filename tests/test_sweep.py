@@ -17,11 +17,10 @@ import pytest
 import yaml
 
 from rayrl import spec as S
-from rayrl import throughput
+from rayrl import sweep, throughput
 
 from conftest import ROOT, free_port, head_port_flags, subprocess_env
 
-pytestmark = pytest.mark.slow
 
 SWEEP = [sys.executable, str(ROOT / "experiments" / "sweep.py")]
 
@@ -78,7 +77,11 @@ def check_run_folder(run: Path, *, scheduler: str = "asha") -> dict:
     assert summary["knee_batch_size"] == knee
     assert summary["scheduler"] == scheduler
     best = summary["best"]
-    assert best["episode_return_mean"] == pytest.approx(trials["episode_return_mean"].max())
+    reached = trials[trials["status"] == "reached_target"]
+    if len(reached):  # the fewest env steps to the target wins
+        assert best["env_steps"] == reached["env_steps"].min() and best["trial_id"] in set(reached["trial_id"])
+    else:
+        assert best["episode_return_mean"] == pytest.approx(trials["episode_return_mean"].max())
     assert set(best) >= {"batch_size", "lr", "episode_return_mean"}
     assert summary["trials"] == len(trials)
     assert summary["stopped_early"] == int((trials["status"] == "stopped_early").sum())
@@ -99,6 +102,28 @@ def check_run_folder(run: Path, *, scheduler: str = "asha") -> dict:
     return summary
 
 
+def _trial(tid: str, steps: int | None, ret: float | None, status: str) -> dict:
+    return {"trial_id": tid, "batch_size": 2048, "lr": 1e-4, "env_steps": steps, "episode_return_mean": ret,
+            "status": status}
+
+
+def test_best_is_the_fewest_env_steps_to_the_target():
+    trials = [_trial("a", 90_000, 478.0, "reached_target"), _trial("b", 60_000, 452.0, "reached_target"),
+              _trial("c", 100_000, 499.0, "completed"), _trial("d", 40_000, 500.0, "error")]
+    assert sweep.pick_best(trials)["trial_id"] == "b"
+    trials.append(_trial("e", 60_000, 460.0, "reached_target"))  # same env steps: the higher return
+    assert sweep.pick_best(trials)["trial_id"] == "e"
+
+
+def test_best_without_a_trial_at_the_target_is_the_highest_return():
+    trials = [_trial("a", 100_000, 210.0, "completed"), _trial("b", 30_000, 95.0, "stopped_early"),
+              _trial("c", 100_000, 330.0, "completed"), _trial("d", 10_000, None, "stopped_early"),
+              _trial("e", 50_000, 480.0, "error")]
+    assert sweep.pick_best(trials)["trial_id"] == "c"
+    assert sweep.pick_best([_trial("x", None, None, "error")]) is None and sweep.pick_best([]) is None
+
+
+@pytest.mark.slow
 def test_smoke_sweep_writes_the_contract_and_resumes(tmp_path):
     first = run_sweep(tmp_path, "smoke")
     assert "[sweep] done" in first.stdout and "phase 1" in first.stdout
@@ -115,11 +140,13 @@ def test_smoke_sweep_writes_the_contract_and_resumes(tmp_path):
     assert sorted((run / "trials.csv").read_text().splitlines()) == sorted(trials_before.splitlines())
 
 
+@pytest.mark.slow
 def test_smoke_sweep_with_hyperband(tmp_path):
     run_sweep(tmp_path, "hb", "--set", "search.scheduler=hyperband")
     check_run_folder(tmp_path / "hb", scheduler="hyperband")
 
 
+@pytest.mark.slow
 def test_sweep_rejects_bad_input_before_ray(tmp_path):
     proc = subprocess.run([*SWEEP, "--set", "search.doubling.min_gain=-1", "--storage", str(tmp_path)],
                           env=subprocess_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -128,6 +155,7 @@ def test_sweep_rejects_bad_input_before_ray(tmp_path):
     assert "Started a local Ray" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_ray_job_submit_runs_the_smoke_sweep(tmp_path):
     """`ray start --head` in its own process group, then `ray job submit --working-dir .`."""
     ray_bin = str(Path(sys.executable).parent / "ray")
@@ -170,6 +198,7 @@ def test_ray_job_submit_runs_the_smoke_sweep(tmp_path):
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_first_rung_failure_is_a_clear_error(tmp_path):
     """A ladder whose first rung fails ends the sweep with a message, not a traceback."""
     rows = throughput.decide([throughput.Rung(512, None)], factor=2, cap=2048, min_gain=0.15)
