@@ -18,8 +18,7 @@ import numpy as np
 import pandas as pd
 
 from rayrl import cost
-from rayrl.runfolder import RunFolderError
-from rayrl.spec import AcceptanceSpec, SpecError, build_section
+from rayrl.spec import AcceptanceSpec
 
 PASS, FAIL, NA = "PASS", "FAIL", "N/A"
 PARTS = ("hardware", "training", "reward", "cost", "fault tolerance")
@@ -38,14 +37,6 @@ class Check:
     threshold: str
     measured: str
     verdict: str
-
-
-def thresholds_from(spec: dict) -> Thresholds:
-    """Thresholds with the spec's optional ``acceptance:`` block applied (validated like any spec)."""
-    try:
-        return build_section(AcceptanceSpec, spec.get("acceptance"), "acceptance")
-    except SpecError as exc:
-        raise RunFolderError(f"spec.yaml: {exc}") from None
 
 
 # ---------------------------------------------------------------------------------------------

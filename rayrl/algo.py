@@ -131,9 +131,11 @@ class RayrlCallback(RLlibCallback):
         self._backend: str | None = None
         self._last_steps: float | None = None
         self._last_time = 0.0
+        self._observer: metrics.TrialObserver | None = None
 
     def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
-        metrics.start(self, algorithm)  # the first hardware interval then covers the first iteration
+        # Made here, not at the first result, so the first hardware interval spans the first iteration.
+        self._observer = metrics.TrialObserver(algorithm)
 
     def on_train_result(self, *, algorithm: Any, result: dict, **kwargs: Any) -> None:
         cfg = algorithm.config
@@ -162,7 +164,7 @@ class RayrlCallback(RLlibCallback):
             "precision": settings.get("precision", "fp32"),
             **learner_stats,
         }
-        metrics.observe(self, algorithm, result)  # hardware sample into result["rayrl"]; Ray gauges
+        self._observer.observe(result)  # hardware sample into result["rayrl"]; Ray gauges
 
 
 def _learner_backend(algorithm: Any) -> str:

@@ -62,9 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     spec_cmd.add_argument("--config", default=None, help="a spec YAML to validate and print resolved")
     spec_cmd.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
 
-    for name, (_module, text) in DELEGATED.items():
-        delegated = sub.add_parser(name, help=text, add_help=False, description=text)
-        delegated.add_argument("rest", nargs=argparse.REMAINDER)
+    for name, (_module, text) in DELEGATED.items():  # listed for `rayrl --help`; main() dispatches them
+        sub.add_parser(name, help=text, add_help=False, description=text)
     return parser
 
 
@@ -91,16 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from rayrl import train
 
             return train.main(args)
-        if args.command == "spec":
-            return _spec(args)
+        return _spec(args)  # the only other command argparse accepts
     except (SpecError, UsageError) as exc:
         _fail(str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("\nrayrl: interrupted; run the same command again to resume.", file=sys.stderr)
         return 130
-    parser.error(f"unknown command {args.command!r}")
-    return EXIT_USAGE
 
 
 def _fail(message: str) -> None:

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from rayrl.spec import CostSpec, ResourcesSpec
+from rayrl.spec import CostSpec, ResourcesSpec, build_section
 
 SECONDS_PER_HOUR = 3600.0
 
@@ -102,17 +102,8 @@ def trial_resources(resources: ResourcesSpec | Mapping[str, Any]) -> TrialResour
 
 
 def prices_from(data: CostSpec | Mapping[str, Any] | None) -> CostSpec:
-    """A CostSpec from the spec's ``cost`` section (plain data or the dataclass); defaults fill gaps."""
-    if isinstance(data, CostSpec):
-        return data
-    data = dict(data or {})
-    known = {k: data[k] for k in ("gpu_hour_usd", "cpu_hour_usd", "spot_discount") if k in data}
-    for key, value in known.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"cost.{key}: {value!r} is not a price; expected a number >= 0.")
-    if known.get("spot_discount", 0.0) >= 1.0:
-        raise ValueError(f"cost.spot_discount: {known['spot_discount']!r} must be below 1 (a fraction).")
-    return CostSpec(**{k: float(v) for k, v in known.items()})
+    """A CostSpec from the spec's ``cost`` section (plain data or the dataclass), validated as the spec is."""
+    return data if isinstance(data, CostSpec) else build_section(CostSpec, data, "cost")
 
 
 def _resources_spec(data: ResourcesSpec | Mapping[str, Any]) -> ResourcesSpec:

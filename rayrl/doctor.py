@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from rayrl import keys
+from rayrl.evaluation import after_warmup
 from rayrl.runfolder import RunFolderError, load
 
 EXIT_USAGE = 2
@@ -45,9 +45,7 @@ class Finding:
 
 
 def _judged(ev: Evidence) -> pd.DataFrame:
-    h = ev.history
-    later = h[h[keys.ITERATION] > ev.warmup_iters]
-    return later if not later.empty else h
+    return after_warmup(ev.history, ev.warmup_iters)
 
 
 def communication_bound(ev: Evidence, min_gain: float = 0.15) -> Finding | None:

@@ -16,8 +16,7 @@ import pandas as pd
 
 from rayrl import cost, keys
 from rayrl.acceptance import (Check, Thresholds, check_cost, check_gpu_util, check_loss, check_memory, check_network,
-                              check_recovery, check_restore, check_return, check_stability, check_throughput,
-                              thresholds_from)
+                              check_recovery, check_restore, check_return, check_stability, check_throughput)
 from rayrl.runfolder import RunFolder, knee_batch, subject_history
 
 
@@ -59,7 +58,7 @@ def _ladder_rate(doubling: pd.DataFrame | None, batch: Any) -> float | None:
     return float(rows["env_steps_per_s"].iloc[0]) if not rows.empty else None
 
 
-def config_cost(run: RunFolder, role: str, warmup_iters: int = 1) -> tuple[float | None, str]:
+def config_cost(run: RunFolder, role: str, warmup_iters: int) -> tuple[float | None, str]:
     """Steady-state USD per effective sample of a run's configuration: hourly rate / env steps/s.
 
     The same measure for every run, start-up excluded: a sweep as subject is the ladder's rung at
@@ -69,16 +68,17 @@ def config_cost(run: RunFolder, role: str, warmup_iters: int = 1) -> tuple[float
     """
     res, prices = run.resources, run.prices
     if run.kind == "sweep":
-        ladder = ladder_costs(run)
+        if run.doubling is None or run.doubling.empty:
+            return None, "no rung in doubling.csv"
         best = (run.summary.get("best") or {}).get("batch_size")
         if role == "subject":
             batch, name = (int(best), "best batch") if best is not None else (knee_batch(run), "knee")
         else:
-            batch, name = int(ladder["batch_size"].iloc[0]), "first rung"
-        rows = ladder[ladder["batch_size"] == batch]
-        if rows.empty or not math.isfinite(rows["usd_per_m_samples"].iloc[0]):
+            batch, name = int(run.doubling["batch_size"].iloc[0]), "first rung"
+        rate = _ladder_rate(run.doubling, batch)
+        if rate is None or not math.isfinite(rate) or rate <= 0:
             return None, f"no measured rung at batch {batch} in doubling.csv"
-        return float(rows["usd_per_m_samples"].iloc[0]) / 1e6, f"{name} {batch}"
+        return cost.cost_per_sample_at(res, rate, prices), f"{name} {batch}"
     rate = after_warmup(run.history, warmup_iters)["env_steps_per_s"].median()
     if not rate or not math.isfinite(rate):
         return None, "no env steps/s in history.csv"
@@ -87,7 +87,7 @@ def config_cost(run: RunFolder, role: str, warmup_iters: int = 1) -> tuple[float
 
 def evaluate(run: RunFolder, baseline: RunFolder | None = None, t: Thresholds | None = None) -> list[Check]:
     """All acceptance checks of ``run`` (cost against ``baseline`` if given, else the first rung)."""
-    t = t or thresholds_from(run.spec)
+    t = t or run.sections["acceptance"]
     subject = subject_history(run)
     judged = after_warmup(subject, t.warmup_iters)
     checks = [check_gpu_util(judged["gpu_util"], t), check_memory(judged["gpu_mem_util"], judged["mem_util"], t),

@@ -191,8 +191,9 @@ class Publisher:
         return published
 
 
-# Tune trial ids: 8 hex digits (searcher trials) or 5 hex digits + "_" + 5 digits (grid/random).
-_TRIAL_ID = re.compile(r"_([0-9a-f]{8}|[0-9a-f]{5}_\d{5})_\d+(?:_|$)")
+# Tune trial ids: 8 hex digits (searcher trials) or 5 hex digits + "_" + 5 digits (grid/random),
+# in rayrl's folder names ("PPO_<id>", rayrl.train.trial_dirname) or Tune's ("PPO_<env>_<id>_<n>_...").
+_TRIAL_ID = re.compile(r"_([0-9a-f]{8}|[0-9a-f]{5}_\d{5})(?:_\d+)?(?:_|$)")
 
 
 def trial_tags(algorithm: Any) -> tuple[str, str]:
@@ -202,7 +203,7 @@ def trial_tags(algorithm: Any) -> tuple[str, str]:
     "default"; the trial's StorageContext still names it. The experiment is "RUN/TUNE_EXPERIMENT"
     (e.g. "my-sweep/phase2", "my-run/tune"): the run folder's name (the last part of Tune's
     storage path) and Tune's experiment in it, so two sweeps' phase 2 do not share a tag. The
-    trial is Tune's trial id, parsed from the trial folder name ("PPO_CartPole-v1_<id>_<n>_...").
+    trial is Tune's trial id, parsed from the trial folder name ("PPO_<id>" as rayrl names it).
     """
     info = getattr(algorithm, "_trial_info", None)
     storage = getattr(algorithm, "_storage", None)
@@ -273,24 +274,6 @@ class TrialObserver:
             self._publish_failed = True
             logger.warning("rayrl metrics: publishing to Ray's metrics failed (%s); gauges are off for this "
                            "trial, results still carry the figures.", exc)
-
-
-def start(holder: Any, algorithm: Any) -> Any:
-    """The trial's observer, made once and kept on the callback (one per trial process).
-
-    Called when the algorithm is built, so the first hardware interval spans the first iteration
-    instead of the instant between two samples (which reads as NaN).
-    """
-    observer = getattr(holder, "_rayrl_observer", None)
-    if observer is None:
-        observer = TrialObserver(algorithm)
-        holder._rayrl_observer = observer
-    return observer
-
-
-def observe(holder: Any, algorithm: Any, result: dict) -> None:
-    """Called by RayrlCallback.on_train_result: adds the figures and publishes them."""
-    start(holder, algorithm).observe(result)
 
 
 def _number(value: Any) -> float | None:

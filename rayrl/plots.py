@@ -37,8 +37,8 @@ def _no_data(ax: Any, frame: pd.DataFrame | None, message: str) -> bool:
 
 
 def min_gain(run: RunFolder) -> float:
-    """The doubling rule's threshold (spec search.doubling.min_gain, default 15%)."""
-    return float(((run.spec.get("search") or {}).get("doubling") or {}).get("min_gain", 0.15))
+    """The doubling rule's threshold (spec search.doubling.min_gain)."""
+    return run.sections["search"].doubling.min_gain
 
 
 def plot_doubling(run: RunFolder, ax: Any = None) -> Any:
@@ -64,7 +64,7 @@ def plot_doubling(run: RunFolder, ax: Any = None) -> Any:
     ax.margins(x=0.1, y=0.15)
     ax.set_xlabel("train batch per learner (env steps)")
     ax.set_ylabel("env steps / s")
-    ax.set_title("Doubling ladder (the 15% rule)")
+    ax.set_title(f"Doubling ladder (the {g:.0%} rule)")
     ax.legend(fontsize=8)
     return ax
 

@@ -57,7 +57,8 @@ def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseli
         best = s.get("best") or {}
         rows += [("knee batch size", _fmt(s.get("knee_batch_size"), "d")),
                  ("best", f"batch {_fmt(best.get('batch_size'), 'd')}, lr {_fmt(best.get('lr'), '.3g')}, return "
-                          f"{_fmt(best.get('episode_return_mean'), '.1f')}"),
+                          f"{_fmt(best.get('episode_return_mean'), '.1f')} after "
+                          f"{_fmt(best.get('env_steps'), ',.0f')} env steps"),
                  ("trials", _fmt(s.get("trials"))), ("stopped early", _fmt(s.get("stopped_early")))]
     rows += [("env steps", _fmt(s.get("env_steps_total", s.get("env_steps")), ",.0f")),
              ("wall time (s)", _fmt(s.get("wall_s"), ",.0f"))]

@@ -17,6 +17,7 @@ import pandas as pd
 import yaml
 
 from rayrl import cost, keys
+from rayrl.sweep import pick_best
 
 DOUBLING_COLUMNS = ("batch_size", "env_steps_per_s", "gain", "decision")
 DECISIONS = ("expand", "stop", "cap", "failed")
@@ -44,6 +45,7 @@ class RunFolder:
     best_config: dict | None = None
     drill: dict | None = None
     notes: list[str] = field(default_factory=list)
+    sections: dict[str, Any] = field(default_factory=dict)  # spec sections as rayrl.spec dataclasses
 
     @property
     def name(self) -> str:
@@ -52,10 +54,7 @@ class RunFolder:
     @property
     def prices(self) -> cost.CostSpec:
         """The spec's prices (defaults where the spec has no cost section)."""
-        try:
-            return cost.prices_from(self.spec.get("cost"))
-        except ValueError as exc:
-            raise RunFolderError(f"{self.path / 'spec.yaml'}: {exc}") from None
+        return self.sections["cost"]
 
     @property
     def resources(self) -> cost.TrialResources:
@@ -63,13 +62,12 @@ class RunFolder:
         res = self.summary.get("resources") or {}
         if "gpus_per_trial" in res and "cpus_per_trial" in res:
             return cost.TrialResources(gpus=float(res["gpus_per_trial"]), cpus=float(res["cpus_per_trial"]))
-        return cost.trial_resources(self.spec.get("resources") or {})
+        return cost.trial_resources(self.sections["resources"])
 
     @property
     def target_return(self) -> float | None:
         """The spec's stop.episode_return (the reward acceptance target), or None."""
-        value = (self.spec.get("stop") or {}).get("episode_return", 450.0)
-        return None if value is None else float(value)
+        return self.sections["stop"].episode_return
 
 
 def load(path: str | Path) -> RunFolder:
@@ -92,7 +90,7 @@ def load(path: str | Path) -> RunFolder:
                     history=_read_csv(root / "history.csv", keys.HISTORY_COLUMNS), notes=notes)
     _check_numbers(root / "history.csv", run.history, WHOLE_HISTORY_COLUMNS, required=False)
     _check_summary(root / "summary.json", run.summary)
-    _check_spec(root / "spec.yaml", spec)
+    run.sections = _spec_sections(root / "spec.yaml", spec)
     if kind == "sweep":
         if not summary:
             raise RunFolderError(f"{root / 'summary.json'}: missing; the sweep did not finish (or crashed before "
@@ -119,7 +117,7 @@ def load(path: str | Path) -> RunFolder:
 
 
 def best_trial_id(run: RunFolder) -> str | None:
-    """The phase-2 trial summary.json names best (by trial_id, else batch size and lr), else the top return."""
+    """The phase-2 trial summary.json names best (by trial_id, else batch size and lr), else sweep.pick_best's."""
     trials = run.trials
     if trials is None or trials.empty:
         return None
@@ -133,10 +131,11 @@ def best_trial_id(run: RunFolder) -> str | None:
             row = match.loc[gap.idxmin()]
             if math.isclose(float(row["lr"]), float(best["lr"]), rel_tol=1e-6, abs_tol=1e-12):
                 return str(row["trial_id"])
-    ranked = trials.dropna(subset=["episode_return_mean"])
-    if ranked.empty:
-        return None
-    return str(ranked.loc[ranked["episode_return_mean"].idxmax(), "trial_id"])
+    # No usable summary: the sweep's own rule over trials.csv.
+    numeric = trials.assign(**{c: pd.to_numeric(trials[c], errors="coerce")
+                               for c in ("env_steps", "episode_return_mean")})
+    top = pick_best(numeric.astype(object).where(numeric.notna(), None).to_dict("records"))
+    return None if top is None else str(top["trial_id"])
 
 
 def subject_history(run: RunFolder) -> pd.DataFrame:
@@ -233,20 +232,24 @@ def _check_numbers(path: Path, df: pd.DataFrame, columns: tuple[str, ...], requi
                                  "file is damaged.")
 
 
-def _check_spec(path: Path, spec: dict) -> None:
-    """The sections the readers use (resources, stop, search, cost) are valid spec sections."""
+def _spec_sections(path: Path, spec: dict) -> dict[str, Any]:
+    """The sections the readers use, validated and built as the spec builds them.
+
+    Only these: the spec as a whole is not re-validated, so an env factory need not import on the
+    analysis machine.
+    """
     from rayrl import spec as spec_mod
 
     for section, value in spec.items():
         if section not in ("name", "seed") and value is not None and not isinstance(value, dict):
             raise RunFolderError(f"{path}: {section} = {value!r} is not a section of key: value pairs; the file is "
                                  "damaged.")
-    for name, cls in (("resources", spec_mod.ResourcesSpec), ("stop", spec_mod.StopSpec),
-                      ("search", spec_mod.SearchSpec), ("cost", spec_mod.CostSpec)):
-        try:
-            spec_mod.build_section(cls, spec.get(name), name)
-        except spec_mod.SpecError as exc:
-            raise RunFolderError(f"{path}: {exc} The file is damaged.") from None
+    classes = {"resources": spec_mod.ResourcesSpec, "stop": spec_mod.StopSpec, "search": spec_mod.SearchSpec,
+               "cost": spec_mod.CostSpec, "acceptance": spec_mod.AcceptanceSpec}
+    try:
+        return {name: spec_mod.build_section(cls, spec.get(name), name) for name, cls in classes.items()}
+    except spec_mod.SpecError as exc:
+        raise RunFolderError(f"{path}: {exc} The file is damaged.") from None
 
 
 def _check_summary(path: Path, summary: dict) -> None:

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+RAY = str(Path(sys.executable).parent / "ray")
 
 # Tests start local Rays without a dashboard (2 cores are scarce); token auth stays as Ray sets it.
 os.environ.setdefault("RAYRL_DASHBOARD", "0")
@@ -54,3 +63,36 @@ def head_port_flags() -> list[str]:
     """
     return [f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}",
             f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}"]
+
+
+@contextlib.contextmanager
+def ray_head(env: dict, num_cpus: int, tag: str) -> Iterator[SimpleNamespace]:
+    """`ray start --head --block` in its own process group, every port free, the dashboard on localhost.
+
+    Yields its gcs address, dashboard URL and temp dir; at the end the group is killed and the temp
+    dir removed (never `ray stop`: it would end every Ray on the machine).
+    """
+    gcs, dash = free_port(), free_port()
+    temp_dir = Path("/tmp") / f"rayrl-{tag}-{os.getpid()}"  # short: Ray's socket paths have a length limit
+    head = subprocess.Popen([RAY, "start", "--head", "--block", f"--num-cpus={num_cpus}", f"--port={gcs}",
+                             f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+                             *head_port_flags(), f"--temp-dir={temp_dir}"], env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield SimpleNamespace(process=head, gcs=f"127.0.0.1:{gcs}", dashboard=f"http://127.0.0.1:{dash}",
+                              temp_dir=temp_dir)
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def submit_job(command: list[str], env: dict, timeout: float, cwd: Path | None = None,
+               tries: int = 30) -> subprocess.CompletedProcess:
+    """`ray job submit ...`, retried while the Jobs API answers but the node's job agent is not up yet."""
+    for _ in range(tries):
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        if "No available agent" not in proc.stdout + proc.stderr:
+            break
+        time.sleep(2)
+    return proc

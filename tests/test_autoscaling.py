@@ -33,10 +33,9 @@ from typing import Callable, Iterator
 import pytest
 import yaml
 
-from conftest import ROOT, free_port, head_port_flags
+from conftest import RAY, ROOT, free_port, head_port_flags
 from rayrl.cluster_fake import fake_multinode_config
 
-RAY = str(Path(sys.executable).parent / "ray")
 STAND_IN = "rayrl_fake_gpu"
 IDLE_TIMEOUT_MIN = 0.25
 MARKER = "RAYRL_AUTOSCALING_TEST"

@@ -14,6 +14,7 @@ import pytest
 from conftest import free_port
 from rayrl import keys, metrics
 from rayrl.cost import TrialResources
+from rayrl.train import trial_dirname
 
 # ---------------------------------------------------------------------------------------------
 # Fakes for psutil and NVML: the sampler's arithmetic without depending on this machine
@@ -158,7 +159,11 @@ def test_trial_tags_inside_and_outside_tune():
     for dirname, trial in [("PPO_CartPole-v1_79b25a53_3_disable_action_flattening=False,lr=0.0001_2026-11-30_14-12-06",
                             "79b25a53"),
                            ("PPO_CartPole-v1_db9e2_00000_0_2026-11-30_14-25-14", "db9e2_00000"),
-                           ("APPO_rayrl_ale_ALE_Pong-v5_0badcafe_12_2026-11-30_14-25-14", "0badcafe")]:
+                           ("APPO_rayrl_ale_ALE_Pong-v5_0badcafe_12_2026-11-30_14-25-14", "0badcafe"),
+                           # rayrl's own trial folders (what rayrl train and the sweep run)
+                           (trial_dirname(SimpleNamespace(trainable_name="PPO", trial_id="79b25a53")), "79b25a53"),
+                           (trial_dirname(SimpleNamespace(trainable_name="IMPALA", trial_id="db9e2_00000")),
+                            "db9e2_00000")]:
         algo = fake_algorithm()
         algo._storage = SimpleNamespace(storage_fs_path="/runs/cartpole", experiment_dir_name="tune",
                                         trial_dir_name=dirname)
@@ -203,22 +208,29 @@ def test_observer_invents_no_cost_without_prices_and_survives_a_broken_publisher
     assert "cost_per_million_samples" not in result["rayrl"] and Broken.calls == 1
 
 
-def test_observe_keeps_one_observer_per_callback(monkeypatch):
+def test_the_callback_keeps_one_observer_per_trial_made_at_algorithm_init(monkeypatch):
+    from rayrl.algo import RayrlCallback
+
     made = []
 
     class Obs:
         def __init__(self, algorithm):
-            made.append(self)
+            made.append(algorithm)
 
         def observe(self, result):
-            result["seen"] = len(made)
+            result["rayrl"]["seen"] = len(made)
 
     monkeypatch.setattr(metrics, "TrialObserver", Obs)
-    holder, result = SimpleNamespace(), {}
-    metrics.start(holder, None)  # at algorithm init
-    metrics.observe(holder, None, result)
-    metrics.observe(holder, None, result)
-    assert len(made) == 1 and result["seen"] == 1
+    config = SimpleNamespace(learner_config_dict={}, num_learners=0, train_batch_size_per_learner=100,
+                             minibatch_size=50, lr=1e-3)
+    algorithm = SimpleNamespace(config=config, learner_group=None)
+    callback = RayrlCallback()
+    callback.on_algorithm_init(algorithm=algorithm)
+    assert made == [algorithm]  # before any result: the first hardware interval starts here
+    for steps in (100, 200):
+        result = {keys.ENV_STEPS: steps, "time_this_iter_s": 1.0}
+        callback.on_train_result(algorithm=algorithm, result=result)
+        assert result["rayrl"]["seen"] == 1 and result["rayrl"]["global_batch"] == 100
 
 
 # ---------------------------------------------------------------------------------------------

@@ -211,15 +211,18 @@ def test_part_verdicts():
                                             "fault tolerance": NA}
 
 
-def test_thresholds_from_the_spec_acceptance_block():
-    assert acceptance.thresholds_from({}) == Thresholds()
-    block = {"gpu_util_min": 0.8, "env_steps_per_s": 5000, "return_cv_window": 5}
-    t = acceptance.thresholds_from({"acceptance": block})
+def test_thresholds_from_the_spec_acceptance_block(tmp_path):
+    def thresholds(block):
+        spec = dict(SPEC, acceptance=block) if block is not None else SPEC
+        return load(write_run(tmp_path / f"r{len(list(tmp_path.iterdir()))}", spec=spec)).sections["acceptance"]
+
+    assert thresholds(None) == Thresholds()
+    t = thresholds({"gpu_util_min": 0.8, "env_steps_per_s": 5000, "return_cv_window": 5})
     assert t.gpu_util_min == 0.8 and t.env_steps_per_s == 5000 and t.return_cv_window == 5
     with pytest.raises(RunFolderError, match="gpu_utilization.*valid"):
-        acceptance.thresholds_from({"acceptance": {"gpu_utilization": 0.8}})
+        thresholds({"gpu_utilization": 0.8})
     with pytest.raises(RunFolderError, match="not a number"):
-        acceptance.thresholds_from({"acceptance": {"gpu_util_min": "high"}})
+        thresholds({"gpu_util_min": "high"})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,9 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, free_port, head_port_flags, subprocess_env
-
-RAY = str(Path(sys.executable).parent / "ray")
+from conftest import RAY, ROOT, ray_head, submit_job, subprocess_env
 
 
 def tracked_files() -> list[Path]:
@@ -183,19 +180,13 @@ def test_a_head_refuses_jobs_and_drivers_without_the_token(tmp_path, token_file)
     without the token; with it (read from RAY_AUTH_TOKEN_PATH) a job runs and a driver connects.
     No log of the head or the job contains the token."""
     token = token_file.read_text()
-    port, dash = free_port(), free_port()
-    temp_dir = Path("/tmp") / f"rayrl-sec-{os.getpid()}"  # short: Ray's socket paths have a length limit
     with_token = subprocess_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
     with_token.pop("RAY_AUTH_TOKEN", None)
     without = subprocess_env(RAY_AUTH_MODE="disabled")
     without.pop("RAY_AUTH_TOKEN", None)
     wrong = subprocess_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
-    head = subprocess.Popen([RAY, "start", "--head", "--block", "--num-cpus=1", f"--port={port}",
-                             f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-                             *head_port_flags(), f"--temp-dir={temp_dir}"], env=with_token, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        jobs = f"http://127.0.0.1:{dash}/api/jobs/"
+    with ray_head(with_token, num_cpus=1, tag="sec") as head:
+        jobs = f"{head.dashboard}/api/jobs/"
         deadline = time.monotonic() + 120
         while _http(jobs, token) != 200:
             if time.monotonic() > deadline:
@@ -204,32 +195,22 @@ def test_a_head_refuses_jobs_and_drivers_without_the_token(tmp_path, token_file)
         assert _http(jobs, None) == 401  # no token
         assert _http(jobs, secrets.token_hex(32)) == 403  # a wrong token
 
-        address = f"http://127.0.0.1:{dash}"
-        submit = [RAY, "job", "submit", "--address", address, "--", "python", "-c", "print('rayrl-auth-ok')"]
+        submit = [RAY, "job", "submit", "--address", head.dashboard, "--", "python", "-c", "print('rayrl-auth-ok')"]
         refused = subprocess.run(submit, env=without, capture_output=True, text=True, timeout=120)
         assert refused.returncode != 0 and "Unauthorized" in refused.stdout + refused.stderr
         refused = subprocess.run(submit, env=wrong, capture_output=True, text=True, timeout=120)
         assert refused.returncode != 0 and "Invalid authentication token" in refused.stdout + refused.stderr
-        for _ in range(30):  # the Jobs API answers before the node's job agent is ready
-            accepted = subprocess.run(submit, env=with_token, capture_output=True, text=True, timeout=300)
-            if "No available agent" not in accepted.stdout + accepted.stderr:
-                break
-            time.sleep(2)
+        accepted = submit_job(submit, with_token, timeout=300)
         assert accepted.returncode == 0 and "rayrl-auth-ok" in accepted.stdout, accepted.stdout + accepted.stderr
 
-        gcs = f"127.0.0.1:{port}"
-        assert "CONNECTED" not in _connect(gcs, without).stdout
-        assert "CONNECTED" not in _connect(gcs, wrong).stdout
-        ok = _connect(gcs, with_token)
+        assert "CONNECTED" not in _connect(head.gcs, without).stdout
+        assert "CONNECTED" not in _connect(head.gcs, wrong).stdout
+        ok = _connect(head.gcs, with_token)
         assert "CONNECTED 1.0" in ok.stdout, ok.stdout + ok.stderr
 
-        leaked = [str(p) for p in temp_dir.rglob("*") if p.is_file() and p.stat().st_size < 50_000_000
+        leaked = [str(p) for p in head.temp_dir.rglob("*") if p.is_file() and p.stat().st_size < 50_000_000
                   and token.encode() in p.read_bytes()]
         assert not leaked and token not in accepted.stdout + accepted.stderr, leaked
-    finally:
-        os.killpg(head.pid, signal.SIGKILL)
-        head.wait()
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.mark.slow

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +16,7 @@ import yaml
 from rayrl import spec as S
 from rayrl import sweep, throughput
 
-from conftest import ROOT, free_port, head_port_flags, subprocess_env
+from conftest import RAY, ROOT, ray_head, submit_job, subprocess_env
 
 
 SWEEP = [sys.executable, str(ROOT / "experiments" / "sweep.py")]
@@ -158,44 +155,28 @@ def test_sweep_rejects_bad_input_before_ray(tmp_path):
 @pytest.mark.slow
 def test_ray_job_submit_runs_the_smoke_sweep(tmp_path):
     """`ray start --head` in its own process group, then `ray job submit --working-dir .`."""
-    ray_bin = str(Path(sys.executable).parent / "ray")
-    dash = free_port()
-    temp_dir = Path("/tmp") / f"rayrl-job-{os.getpid()}"  # short: Ray's socket paths have a length limit
     env = subprocess_env(RAY_AUTH_MODE="token")
-    head = subprocess.Popen([ray_bin, "start", "--head", "--block", "--num-cpus=2", f"--port={free_port()}",
-                             f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-                             *head_port_flags(), f"--temp-dir={temp_dir}"], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        address = f"http://127.0.0.1:{dash}"
+    with ray_head(env, num_cpus=2, tag="job") as head:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            ping = subprocess.run([ray_bin, "job", "list", "--address", address], env=env, capture_output=True,
+            ping = subprocess.run([RAY, "job", "list", "--address", head.dashboard], env=env, capture_output=True,
                                   text=True, timeout=60)
             if ping.returncode == 0:
                 break
             time.sleep(2)
         else:
-            pytest.fail(f"the head's Jobs API did not come up within 300 s (head alive: {head.poll() is None})")
+            pytest.fail(f"the head's Jobs API did not come up within 300 s (head alive: {head.process.poll() is None})")
         storage = tmp_path / "runs"
-        submit = [ray_bin, "job", "submit", "--address", address, "--working-dir", ".", "--",
+        submit = [RAY, "job", "submit", "--address", head.dashboard, "--working-dir", ".", "--",
                   "python", "experiments/sweep.py", "--smoke", "--storage", str(storage), "--name", "job"]
-        for _ in range(20):  # the Jobs API answers before the node's job agent is ready
-            proc = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-            if "No available agent" not in proc.stdout + proc.stderr:
-                break
-            time.sleep(2)
+        proc = submit_job(submit, env, timeout=600, cwd=ROOT)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
         job_id = re.search(r"raysubmit_\w+", proc.stdout + proc.stderr).group(0)
-        status = subprocess.run([ray_bin, "job", "status", "--address", address, job_id], env=env,
+        status = subprocess.run([RAY, "job", "status", "--address", head.dashboard, job_id], env=env,
                                 capture_output=True, text=True, timeout=60)
         assert re.search(r"job '\w+' succeeded", status.stdout + status.stderr, re.I), status.stdout
         assert "Started a local Ray" not in proc.stdout  # it joined the cluster
         check_run_folder(storage / "job")
-    finally:
-        os.killpg(head.pid, signal.SIGKILL)
-        head.wait()
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.mark.slow
