@@ -65,6 +65,14 @@ def add_torch_threads(parser: Any) -> None:
                         "what a 1-CPU Tune trial gets)")
 
 
+def mode_default(value: Any, quick_value: Any, full_value: Any, quick: bool) -> Any:
+    """A flag's value, else its default for --quick or the full run. Unlike ``value or default``, an
+    explicit 0 stays 0, so the range check after it rejects it instead of running the default."""
+    if value is not None:
+        return value
+    return quick_value if quick else full_value
+
+
 @contextmanager
 def local_ray(num_cpus: int = 2, torch_threads: int | None = TORCH_THREADS) -> Iterator[Any]:
     """A private local Ray (never a running cluster's), shut down on exit; the driver's torch threads set."""

@@ -18,10 +18,6 @@ hardware can do; the median says what a busy node delivers).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,6 +26,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common as C  # noqa: E402
 
 MODES = ("fp32", "bf16", "fp16")
 
@@ -96,7 +97,7 @@ def measure(device: str, args: argparse.Namespace) -> dict[str, dict[str, float]
     samples = args.batch * args.epochs
     out = {}
     for mode in MODES:
-        med = statistics.median(times[mode])
+        med = C.median(times[mode])
         out[mode] = {"samples_per_s": samples / med, "best_samples_per_s": samples / min(times[mode]),
                      "median_update_s": med, "min_update_s": min(times[mode]), "max_update_s": max(times[mode])}
     for mode in MODES:
@@ -106,7 +107,8 @@ def measure(device: str, args: argparse.Namespace) -> dict[str, dict[str, float]
 
 
 def cpu_facts() -> dict[str, Any]:
-    """What decides CPU bf16/fp16 speed: native low-precision instructions or emulation."""
+    """The machine (common.machine) plus what decides CPU bf16/fp16 speed: native low-precision
+    instructions or emulation."""
     flags: set[str] = set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -115,13 +117,8 @@ def cpu_facts() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                  if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
-        else platform.processor()
-    return {"model": model, "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-            "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-            "native": sorted(f for f in flags if f in {"avx512_bf16", "amx_bf16", "amx_fp16", "avx512_fp16",
-                                                         "avx512f", "avx2"})}
+    native = {"avx512_bf16", "amx_bf16", "amx_fp16", "avx512_fp16", "avx512f", "avx2"}
+    return {**C.machine(), "torch_threads": torch.get_num_threads(), "native": sorted(flags & native)}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -141,11 +138,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="default: cpu, plus cuda when torch sees a GPU")
     args = p.parse_args(argv)
     quick = args.quick
-    args.batch = args.batch or (512 if quick else 4096)
-    args.minibatch = args.minibatch or (128 if quick else 512)
-    args.hidden = args.hidden or ([64, 64] if quick else [512, 512])
-    args.rounds = args.rounds or (2 if quick else 7)
+    args.batch = C.mode_default(args.batch, 512, 4096, quick)
+    args.minibatch = C.mode_default(args.minibatch, 128, 512, quick)
+    args.hidden = C.mode_default(args.hidden, [64, 64], [512, 512], quick)
+    args.rounds = C.mode_default(args.rounds, 2, 7, quick)
     args.devices = args.devices or (["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+    for name in ("batch", "minibatch", "rounds"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        p.error(f"--warmup must be >= 0, got {args.warmup}")
     if "cuda" in args.devices and not torch.cuda.is_available():
         p.error("--devices cuda: torch sees no CUDA device here")
     if args.minibatch > args.batch:
@@ -174,11 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{device:<8}{mode:<11}{r['samples_per_s']:>11.0f}{r['ratio_vs_fp32']:>8.2f}"
                   f"{r['best_samples_per_s']:>11.0f}{r['best_ratio_vs_fp32']:>8.2f}{r['median_update_s']:>10.4f}")
     c = report["cpu"]
-    print(f"cpu: {c['model']}; torch threads {c['torch_threads']}; load {c['load_avg_1m']}; "
+    print(f"cpu: {c['cpu_model']}; torch threads {c['torch_threads']}; load {c['load_avg_1m']}; "
           f"native: {', '.join(c['native']) or 'none listed'}")
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.out}")
+    C.write_json(args.out, report)
     return 0
 
 

@@ -204,10 +204,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top", type=int, default=15, help="functions listed by own time")
     C.add_torch_threads(p)
     args = p.parse_args(argv)
-    args.iters = args.iters or (2 if args.quick else 5)
-    args.tune_iters = args.tune_iters or (3 if args.quick else 6)
-    if args.iters < 1 or args.tune_iters < 2 or args.warmup < 0:
-        p.error("--iters must be >= 1, --tune-iters >= 2, --warmup >= 0")
+    args.iters = C.mode_default(args.iters, 2, 5, args.quick)
+    args.tune_iters = C.mode_default(args.tune_iters, 3, 6, args.quick)
+    if args.iters < 1 or args.tune_iters < 2 or args.warmup < 0 or (args.batch is not None and args.batch < 1):
+        p.error("--iters must be >= 1, --tune-iters >= 2, --warmup >= 0, --batch >= 1")
     return args
 
 
@@ -215,10 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     C.quiet()
     spec = C.load_spec(args.config, args.overrides)
-    if args.doubling:
+    if args.doubling and args.batch is None:  # as in throughput.py: an explicit --batch wins
         knee, _ = C.read_knee(args.doubling)
     else:
-        knee = args.batch or (1024 if args.quick else 16384)
+        knee = C.mode_default(args.batch, 1024, 16384, args.quick)
     spec = C.spec_at_batch(spec, knee)
     started = time.monotonic()
     with C.local_ray(torch_threads=args.torch_threads):

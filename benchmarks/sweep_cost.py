@@ -186,7 +186,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--report-only", action="store_true", help="run nothing: recompute the figures from the run "
                    "folders a previous run left under --storage")
     args = p.parse_args(argv)
-    args.budget = args.budget or (4096 if args.quick else 100_000)
+    args.budget = C.mode_default(args.budget, 4096, 100_000, args.quick)
     if args.budget < 1:
         p.error(f"--budget must be >= 1, got {args.budget}")
     if args.report_only and not args.storage:

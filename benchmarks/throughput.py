@@ -157,11 +157,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     C.add_torch_threads(p)
     args = p.parse_args(argv)
     q = args.quick
-    args.rounds = args.rounds or (1 if q else 3)
-    args.warmup = args.warmup if args.warmup is not None else (0 if q else 1)
-    args.default_iters = args.default_iters or (1 if q else 3)
-    args.rayrl_iters = args.rayrl_iters or (2 if q else 5)
-    args.limit_seconds = args.limit_seconds or (1.0 if q else 3.0)
+    args.rounds = C.mode_default(args.rounds, 1, 3, q)
+    args.warmup = C.mode_default(args.warmup, 0, 1, q)
+    args.default_iters = C.mode_default(args.default_iters, 1, 3, q)
+    args.rayrl_iters = C.mode_default(args.rayrl_iters, 2, 5, q)
+    args.limit_seconds = C.mode_default(args.limit_seconds, 1.0, 3.0, q)
     for name in ("rounds", "default_iters", "rayrl_iters", "batch", "limit_envs"):
         value = getattr(args, name)
         if value is not None and value < 1:

@@ -97,10 +97,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     C.add_torch_threads(p)
     args = p.parse_args(argv)
     q = args.quick
-    args.seeds = args.seeds or (1 if q else 3)
-    args.target = args.target if args.target is not None else (60.0 if q else C.TARGET_RETURN)
-    args.max_env_steps = args.max_env_steps or (60_000 if q else 500_000)
-    args.max_wall_s = args.max_wall_s or (30.0 if q else 200.0)
+    args.seeds = C.mode_default(args.seeds, 1, 3, q)
+    args.target = C.mode_default(args.target, 60.0, C.TARGET_RETURN, q)
+    args.max_env_steps = C.mode_default(args.max_env_steps, 60_000, 500_000, q)
+    args.max_wall_s = C.mode_default(args.max_wall_s, 30.0, 200.0, q)
     if args.seeds < 1 or args.max_env_steps <= 0 or args.max_wall_s <= 0:
         p.error("--seeds must be >= 1, --max-env-steps and --max-wall-s > 0")
     return args

@@ -26,7 +26,9 @@ before this process starts its own Ray), writes drill.json and is the CLI. The d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import sys
 import textwrap
@@ -34,8 +36,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from rayrl import runtime, spec as spec_mod
-from rayrl.drill_harness import SCRATCH, say
+from rayrl import cost, runtime, spec as spec_mod
+from rayrl.drill_harness import SCRATCH, drill_runners, say
 from rayrl.driver_drill import driver_drill
 from rayrl.drills import env_runner_drill, node_drill, trial_drill
 from rayrl.restore import restore_checkpoints
@@ -69,29 +71,29 @@ def run_drills(run_dir: Path, spec: Spec, kind: str, names: Sequence[str], *, ad
     """Run the named drills and the restore check; write and return drill.json's content."""
     import ray
 
+    if address is None:  # a cluster's autoscaler adds GPU nodes on demand; this machine cannot
+        _check_local_gpus(spec)
     storage = run_dir / SCRATCH
     storage.mkdir(exist_ok=True)
     local_cpus = None if address else max(num_cpus or os.cpu_count() or 2, _cpus_needed(spec))
     results: dict[str, dict] = {}
     skipped: list[dict] = []
-    if "driver" in names and address is None:  # its own local Ray: run it before this process starts one
-        results["driver"] = _logged(driver_drill(spec, kind, storage, address=None, num_cpus=local_cpus,
+
+    def driver() -> None:  # always the first drill: a process of its own, killed and rerun
+        results["driver"] = _logged(driver_drill(spec, kind, storage, address=address, num_cpus=local_cpus,
                                                  timeout_s=timeout_s * 1.5))
-    runtime.init_ray(address, local_cpus)
+
+    if "driver" in names and address is None:  # it starts its own local Ray: before this process starts one
+        driver()
+    runtime.init_ray(address, local_cpus)  # on a cluster: the reachability check, before any drill
+    if "driver" in names and address is not None:
+        driver()
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     say(f"cluster: {len(nodes)} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs")
-    needed = _gpus_needed(spec)
-    if needed > ray.cluster_resources().get("GPU", 0):
-        raise DrillError(f"the run's spec needs {needed:g} GPU(s) per trial and this cluster has "
-                         f"{ray.cluster_resources().get('GPU', 0):g}; run the drills on the cluster that ran it "
-                         "(--address).")
     for name in DRILLS:
         if name not in names or name in results:
             continue
-        if name == "driver":
-            results[name] = _logged(driver_drill(spec, kind, storage, address=address, num_cpus=None,
-                                                 timeout_s=timeout_s * 1.5))
-        elif name == "node" and len(nodes) < 2:
+        if name == "node" and len(nodes) < 2:
             skipped.append({"name": "node", "reason": f"the cluster has {len(nodes)} node"})
             say("node: skipped (a one-node cluster; give --address of a multi-node cluster)")
         else:
@@ -104,21 +106,27 @@ def run_drills(run_dir: Path, spec: Spec, kind: str, names: Sequence[str], *, ad
         data["restores"], data["restore_rate"] = rows, rate
         if not rows:
             say("restore: the run keeps no checkpoint (phase 1 and measurement trials keep none)")
-    _write_json(run_dir / "drill.json", data)
+    runtime.write_json(run_dir / "drill.json", data)
     return data
 
 
 def _cpus_needed(spec: Spec) -> int:
-    from rayrl.train import trial_resources
+    """CPUs a local Ray needs for the widest drill (drill_runners EnvRunners)."""
+    held = cost.trial_resources(dataclasses.replace(spec.resources, env_runners=drill_runners(spec)))
+    return math.ceil(held.cpus)
 
-    wider = spec_mod.replace(spec, resources={"env_runners": max(spec.resources.env_runners, 2)})
-    return int(trial_resources(wider)["cpus_per_trial"] + 0.999)
 
+def _check_local_gpus(spec: Spec) -> None:
+    """Refuse before any drill runs when this machine lacks the GPUs one trial of the spec holds."""
+    needed = cost.trial_resources(spec.resources).gpus
+    if needed <= 0:
+        return
+    import torch
 
-def _gpus_needed(spec: Spec) -> float:
-    from rayrl.train import trial_resources
-
-    return float(trial_resources(spec)["gpus_per_trial"])
+    have = torch.cuda.device_count()
+    if needed > have:
+        raise DrillError(f"the run's spec needs {needed:g} GPU(s) per trial and this machine has {have}; run the "
+                         "drills on the cluster that ran it (--address).")
 
 
 def _logged(result: dict) -> dict:
@@ -148,12 +156,6 @@ def _merge(path: Path, kind: str, results: dict[str, dict], skipped: list[dict])
     return data
 
 
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
-
-
 # ---------------------------------------------------------------------------------------------
 # `rayrl drill`
 
@@ -175,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
           trial       SIGKILL the trial actor; Tune retries from the latest checkpoint
           driver      kill -9 the sweep (in phase 2) or `rayrl train`, then the same command again
           node        kill a worker node's raylet (only when the cluster has more than one node)"""),
-        epilog="exit status: 0 all drills recovered and every checkpoint restored, 1 otherwise, 2 bad input.")
+        epilog="exit status: 0 all drills recovered and every checkpoint restored, 1 otherwise, 2 bad input "
+               "(run folder, flags, an unreachable cluster, or GPUs this machine lacks), before any drill.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder of `rayrl train` or the sweep ({storage}/{name})")
     p.add_argument("--only", nargs="+", choices=DRILLS, metavar="DRILL", default=None,
                    help=f"run only these drills ({', '.join(DRILLS)}); drill.json keeps earlier results of the others")
@@ -185,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "what a drill trial needs)")
     p.add_argument("--no-restore", action="store_true", help="skip restoring the run's checkpoints")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S",
-                   help="give up on a drill after this many seconds (default: 600)")
+                   help="give up on a drill after this many seconds (default: 600; the driver drill, which "
+                   "runs its command twice, gets 1.5x)")
     return p
 
 

@@ -34,6 +34,11 @@ def say(message: str) -> None:
 # The scratch spec
 
 
+def drill_runners(spec: Spec) -> int:
+    """EnvRunners of the drills that kill one (EnvRunner, node): at least 2, so one survives the kill."""
+    return max(spec.resources.env_runners, 2)
+
+
 def drill_spec(spec: Spec, name: str, *, env_runners: int | None = None, kind: str = "train") -> Spec:
     """A copy of ``spec`` with tiny budgets: same env, algorithm, learners and precision."""
     r = spec.resources

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from rayrl import keys
-from rayrl.drill_harness import (Monitor, after_recovery, drill_spec, kill_pid, our_actors, outcome,
+from rayrl.drill_harness import (Monitor, after_recovery, drill_runners, drill_spec, kill_pid, our_actors, outcome,
                                  ready_to_kill, run_with_fault, say, scratch, wait_for)
 from rayrl.spec import Spec
 
@@ -22,7 +22,7 @@ from rayrl.spec import Spec
 def env_runner_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
     """Kill one EnvRunner actor mid-training; recovered when every runner is healthy again and the
     restart is counted, with the trial itself never failing."""
-    runners = max(spec.resources.env_runners, 2)
+    runners = drill_runners(spec)
     dspec = drill_spec(spec, "env_runner", env_runners=runners)
     monitor = Monitor(timeout_s)
 
@@ -109,7 +109,7 @@ def node_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
 
     from rayrl.algo import algorithm_class
 
-    runners = max(spec.resources.env_runners, 2)
+    runners = drill_runners(spec)
     dspec = drill_spec(spec, "node", env_runners=runners)
     monitor = Monitor(timeout_s)
     cls = algorithm_class(dspec.algo.name).__name__

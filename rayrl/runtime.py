@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -88,3 +89,13 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if not joining and os.environ.get("RAYRL_DASHBOARD") == "0":
         kwargs["include_dashboard"] = False
     ray.init(address=address, **kwargs)
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write a run-folder JSON file atomically: a kill mid-write leaves the old file, never a torn one.
+
+    Values JSON does not know (numpy scalars, paths) are written as their str().
+    """
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)

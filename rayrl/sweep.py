@@ -9,7 +9,6 @@ Tune's restore keeps finished phase-2 trials.
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import math
 import time
@@ -81,7 +80,7 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "scheduler": spec.search.scheduler,
         "resources": trial_resources(spec),
     }
-    _write_json(paths.run_dir / "summary.json", summary)
+    runtime.write_json(paths.run_dir / "summary.json", summary)
     if best is not None:
         best_spec = spec_mod.replace(
             spec, name=f"{paths.name}-best",
@@ -226,12 +225,6 @@ def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
         writer = csv.DictWriter(f, fieldnames=list(columns))
         writer.writeheader()
         writer.writerows(rows)
-    tmp.replace(path)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
     tmp.replace(path)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -124,7 +123,7 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "checkpoint": result.checkpoint.path if result.checkpoint else None,
         "resources": trial_resources(spec),
     }
-    (paths.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=_jsonable))
+    runtime.write_json(paths.run_dir / "summary.json", summary)
     return summary
 
 
@@ -134,12 +133,6 @@ def trial_resources(spec: Spec) -> dict:
 
     held = reserved(spec.resources)
     return {"cpus_per_trial": held.cpus, "gpus_per_trial": held.gpus}
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return str(value)
 
 
 def main(args: argparse.Namespace) -> int:

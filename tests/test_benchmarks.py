@@ -1,7 +1,7 @@
 """The benchmarks: their pure helpers (fast), and each script's --quick mode end to end (slow).
 
 The quick modes run as scripts, exactly as docs/benchmarks.md tells a reader to, each with its own
-local Ray; together about 4 minutes on 2 cores.
+local Ray; together 3-4 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -172,8 +172,10 @@ def test_throughput_quick(tmp_path):
                                         / report["contenders"]["rllib_default"]["round_medians"][0])
     # The limit steps envs with no learning and no Ray: nothing end to end can beat it on one core.
     assert report["rayrl_sps"] < report["limit_sps"] and report["rllib_default_sps"] < report["limit_sps"]
-    assert report["knee_batch_size"] in (1024, 2048)
-    assert [r["batch_size"] for r in report["ladder"]][0] == 1024
+    ladder = report["ladder"]
+    assert ladder[0]["batch_size"] == 1024 and ladder[0]["decision"] != "failed"
+    # The knee the benchmark ran is the rule's: the last rung whose doubling paid off.
+    assert report["knee_batch_size"] == [r["batch_size"] for r in ladder if r["decision"] in ("expand", "cap")][-1]
     for name in ("limit", "rllib_default", "rayrl"):
         c = report["contenders"][name]
         assert c["samples"] >= 1 and c["sps_min"] <= c["sps_median"] <= c["sps_max"]

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from rayrl import spec as S
-from rayrl import sweep, throughput
+from rayrl import sweep
 
 from conftest import RAY, ROOT, ray_head, submit_job, subprocess_env
 
@@ -78,7 +78,8 @@ def check_run_folder(run: Path, *, scheduler: str = "asha") -> dict:
     if len(reached):  # the fewest env steps to the target wins
         assert best["env_steps"] == reached["env_steps"].min() and best["trial_id"] in set(reached["trial_id"])
     else:
-        assert best["episode_return_mean"] == pytest.approx(trials["episode_return_mean"].max())
+        usable = trials[trials["status"] != "error"]  # errored trials are never shipped
+        assert best["episode_return_mean"] == pytest.approx(usable["episode_return_mean"].max())
     assert set(best) >= {"batch_size", "lr", "episode_return_mean"}
     assert summary["trials"] == len(trials)
     assert summary["stopped_early"] == int((trials["status"] == "stopped_early").sum())
@@ -143,7 +144,6 @@ def test_smoke_sweep_with_hyperband(tmp_path):
     check_run_folder(tmp_path / "hb", scheduler="hyperband")
 
 
-@pytest.mark.slow
 def test_sweep_rejects_bad_input_before_ray(tmp_path):
     proc = subprocess.run([*SWEEP, "--set", "search.doubling.min_gain=-1", "--storage", str(tmp_path)],
                           env=subprocess_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -182,8 +182,6 @@ def test_ray_job_submit_runs_the_smoke_sweep(tmp_path):
 @pytest.mark.slow
 def test_first_rung_failure_is_a_clear_error(tmp_path):
     """A ladder whose first rung fails ends the sweep with a message, not a traceback."""
-    rows = throughput.decide([throughput.Rung(512, None)], factor=2, cap=2048, min_gain=0.15)
-    assert throughput.knee(rows) is None
     (tmp_path / "bad").mkdir()
     proc = subprocess.run([*SWEEP, "--smoke", "--storage", str(tmp_path), "--name", "bad", "--num-cpus", "2",
                            "--set", f"env.id={'tests.broken_env:make'}"],
