@@ -77,16 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
             Validate cluster YAMLs; prints one OK line per valid file, exits 2 if any file is invalid.
 
             Launcher YAMLs (ray up): Ray's own schema after Ray's own default-filling, then rayrl's
-            rules: no key left for Ray's defaults to fill, node types labelled rayrl.io/role: learner
-            have GPUs, the Docker image runs the installed Ray, token auth on (token from a mounted
-            file), dashboard on 127.0.0.1, --metrics-export-port=8080, min_workers <= max_workers,
-            rayrl installed at this checkout's version.
+            rules: a known provider.type, no key left for Ray's defaults to fill, node types
+            labelled rayrl.io/role: learner have GPUs, the Docker image runs the installed Ray,
+            token auth on (token from a mounted file, never RAY_AUTH_TOKEN inline), dashboard on
+            127.0.0.1, --metrics-export-port=8080, no security group open to the world,
+            min_workers <= max_workers, rayrl installed at this checkout's version.
             KubeRay manifests (RayCluster, RayJob, Volcano Queue): kind and apiVersion, rayVersion
-            and image tags equal the installed Ray, authOptions.mode token, a GPU worker group with
-            nvidia.com/gpu limits, ClusterIP head service."""),
+            and image tags equal the installed Ray, authOptions.mode token and no token in env, a
+            GPU worker group with nvidia.com/gpu limits equal to requests, minReplicas <=
+            maxReplicas, ClusterIP head service, a RayJob entrypoint, a Queue capability."""),
         epilog="example: rayrl cluster validate cluster_configs/gpu.yaml cluster_configs/kuberay/")
     validate.add_argument("files", nargs="+", metavar="FILE",
-                          help="cluster YAML, or a folder whose *.yaml files are all checked")
+                          help="cluster YAML, or a folder whose *.yaml / *.yml files (subfolders too) are all checked")
     return parser
 
 

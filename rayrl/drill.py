@@ -59,7 +59,7 @@ def check_run_dir(path: str | Path) -> tuple[Path, Spec, str]:
     except RunFolderError as exc:
         raise DrillError(str(exc)) from None
     try:
-        spec = spec_mod.load(run.path / "spec.yaml")
+        spec = spec_mod.from_dict(run.spec)  # the whole spec this time: the drills train it
     except SpecError as exc:
         raise DrillError(f"{run.path / 'spec.yaml'}: not a valid rayrl spec ({exc}); the run folder is damaged "
                          "or from another version of rayrl.") from None

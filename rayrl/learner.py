@@ -264,10 +264,10 @@ class RayrlTorchLearnerMixin:
         for p in params:
             p.grad.copy_(buf[offset:offset + p.numel()].view_as(p.grad))
             offset += p.numel()
+        present = buf[n_grad + 1::2].tolist()  # one sync for every module; the bad flags stay on the device
         for i, mid in enumerate(groups):
-            bad, present = buf[n_grad + 2 * i: n_grad + 2 * i + 2].tolist()
-            if present > 0:
-                loss_bad[mid] = torch.tensor(bad > 0, device=self._device)
+            if present[i] > 0:
+                loss_bad[mid] = buf[n_grad + 2 * i] > 0
             else:
                 loss_bad.pop(mid, None)
 

@@ -10,13 +10,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rayrl.drill_harness import SCRATCH, say
+from rayrl.drill_harness import say
 from rayrl.spec import Spec
 
 
 def kept_checkpoints(run_dir: Path) -> list[Path]:
-    """The checkpoint_* folders of the run's Tune trials (the drills' scratch runs excluded)."""
-    return sorted(p for p in run_dir.glob("*/*/checkpoint_*") if p.is_dir() and p.parts[-3] != SCRATCH)
+    """The checkpoint_* folders of the run's Tune trials: EXPERIMENT/TRIAL/checkpoint_* (the drills'
+    scratch runs under drills/NAME/ lie a level deeper, so they are never among them)."""
+    return sorted(p for p in run_dir.glob("*/*/checkpoint_*") if p.is_dir())
 
 
 def restore_checkpoints(run_dir: Path, spec: Spec) -> tuple[list[dict], float | None]:
