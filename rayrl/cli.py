@@ -70,10 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
 # Subcommands that own their argument parsing: `rayrl NAME ...` calls `rayrl.MODULE.main([...])`,
 # which returns an exit status (2 for bad input). Imported only when used.
 DELEGATED = {
-    "cluster": ("cluster", "validate cluster YAMLs (ray up launcher configs, KubeRay manifests) offline"),
-    "report": ("report", "write the five-part acceptance report (report.md + plots) for a run folder"),
-    "doctor": ("doctor", "diagnose a run folder: name likely causes and fixes"),
-    "drill": ("drill", "run fault drills against a run folder and write drill.json"),
+    "cluster": ("cluster.cli", "validate cluster YAMLs (ray up launcher configs, KubeRay manifests) offline"),
+    "report": ("judge.report", "write the five-part acceptance report (report.md + plots) for a run folder"),
+    "doctor": ("judge.doctor", "diagnose a run folder: name likely causes and fixes"),
+    "drill": ("faults.drill", "run fault drills against a run folder and write drill.json"),
 }
 
 

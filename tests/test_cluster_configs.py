@@ -19,9 +19,9 @@ import pytest
 import ray
 import yaml
 
-from rayrl import cluster
-from rayrl.cluster_common import image_ray_version
-from rayrl.cluster_fake import fake_multinode_config
+from rayrl.cluster import cli as cluster
+from rayrl.cluster.common import image_ray_version
+from rayrl.cluster.fake import fake_multinode_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "cluster_configs"

@@ -7,8 +7,9 @@ import math
 import pandas as pd
 import pytest
 
-from rayrl import doctor, keys
-from rayrl.doctor import Evidence
+from rayrl import keys
+from rayrl.judge import doctor
+from rayrl.judge.doctor import Evidence
 from test_report import LADDER, history_rows, sweep_history, write_run
 
 

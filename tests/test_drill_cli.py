@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from test_report import SPEC, write_run
 
-from rayrl import drill
+from rayrl.faults import drill
 
 
 def test_a_spec_needing_more_gpus_than_this_machine_is_refused_before_any_drill(tmp_path, capsys):

@@ -23,7 +23,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rayrl import acceptance, drill_harness, evaluation, keys, report, restore, runfolder
+from rayrl import keys
+from rayrl.faults import harness as drill_harness, restore
+from rayrl.judge import acceptance, evaluation, report, runfolder
 from rayrl import spec as S
 
 from conftest import ROOT, subprocess_env

@@ -19,9 +19,11 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from rayrl import cluster, doctor, drill, evaluation, report, runfolder
+from rayrl.cluster import cli as cluster
+from rayrl.faults import drill
+from rayrl.judge import doctor, evaluation, report, runfolder
 from rayrl import spec as S
-from rayrl.runfolder import RunFolderError
+from rayrl.judge.runfolder import RunFolderError
 from rayrl.spec import SpecError
 
 from conftest import ROOT

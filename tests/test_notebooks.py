@@ -63,7 +63,7 @@ def test_notebooks_are_committed_without_outputs_and_read_rayrl_run_dir(name):
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(not c.outputs and c.execution_count is None for c in code)
     assert 'os.environ.get("RAYRL_RUN_DIR"' in code[0].source and "RUN_DIR =" in code[0].source
-    assert "from rayrl import" in code[0].source  # uses rayrl's functions, not copies
+    assert "from rayrl.judge import" in code[0].source  # uses rayrl's functions, not copies
     assert sum(c.cell_type == "markdown" for c in nb.cells) >= 3
 
 
@@ -90,8 +90,8 @@ def test_training_notebook_on_a_train_run_and_a_sweeps_best_trial(smoke_runs, mo
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sweep", "train"])
 def test_report_and_doctor_on_smoke_runs(smoke_runs, kind, tmp_path):
-    from rayrl import acceptance, doctor, evaluation, report
-    from rayrl.runfolder import load
+    from rayrl.judge import acceptance, doctor, evaluation, report
+    from rayrl.judge.runfolder import load
 
     run_dir = smoke_runs[kind]
     run = load(run_dir)

@@ -11,9 +11,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from rayrl import acceptance, evaluation, keys, plots, report
-from rayrl.acceptance import FAIL, NA, PASS, Thresholds
-from rayrl.runfolder import RunFolderError, best_trial_id, knee_batch, ladder_knee, load, subject_history
+from rayrl import keys
+from rayrl.judge import acceptance, evaluation, plots, report
+from rayrl.judge.acceptance import FAIL, NA, PASS, Thresholds
+from rayrl.judge.runfolder import RunFolderError, best_trial_id, knee_batch, ladder_knee, load, subject_history
 
 # ---------------------------------------------------------------------------------------------
 # Synthetic run folders (the contract in docs/observability.md); test_doctor.py uses them too.

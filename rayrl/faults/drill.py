@@ -19,8 +19,8 @@ each. Results go to ``RUN_DIR/drill.json``, which `rayrl report` and `rayrl doct
 
 This module is the orchestration: it checks RUN_DIR, runs the drills in order (the driver drill
 before this process starts its own Ray), writes drill.json and is the CLI. The drills live in
-`rayrl.drills` (env_runner, trial, node) and `rayrl.driver_drill`, their shared machinery in
-`rayrl.drill_harness`, the restore check in `rayrl.restore`.
+`rayrl.faults.drills` (env_runner, trial, node) and `rayrl.faults.driver_drill`, their shared machinery in
+`rayrl.faults.harness`, the restore check in `rayrl.faults.restore`.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Sequence
 
 from rayrl import cost, runtime, spec as spec_mod
-from rayrl.drill_harness import SCRATCH, drill_runners, say
-from rayrl.driver_drill import driver_drill
-from rayrl.drills import env_runner_drill, node_drill, trial_drill
-from rayrl.restore import restore_checkpoints
-from rayrl.runfolder import RunFolderError, load as load_run
+from rayrl.faults.harness import SCRATCH, drill_runners, say
+from rayrl.faults.driver_drill import driver_drill
+from rayrl.faults.drills import env_runner_drill, node_drill, trial_drill
+from rayrl.faults.restore import restore_checkpoints
+from rayrl.judge.runfolder import RunFolderError, load as load_run
 from rayrl.spec import Spec, SpecError
 
 DRILLS = ("env_runner", "trial", "driver", "node")

@@ -4,7 +4,7 @@ Ray's launcher hides some mistakes: it fills every top-level key a file leaves o
 defaults.yaml (a missing `setup_commands` installs a nightly development wheel of Ray). So the
 file goes through Ray's own default-filling and schema (`prepare_config`, `validate_config`)
 here, every key Ray would fill behind the user's back is named, and then the rules in
-`rayrl.cluster_launcher_rules` run. Nothing here starts Ray or reaches a cloud.
+`rayrl.cluster.launcher_rules` run. Nothing here starts Ray or reaches a cloud.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import logging
 from pathlib import Path
 from typing import Any, Iterator
 
-from rayrl import cluster_launcher_rules as rules
-from rayrl.cluster_common import dotted, one_line, short
+from rayrl.cluster import launcher_rules as rules
+from rayrl.cluster.common import dotted, one_line, short
 
 # Ray builds the one node type of an on-premise (provider: local) cluster itself.
 LOCAL_BUILT_KEYS = {"available_node_types", "head_node_type"}

@@ -1,7 +1,7 @@
 """`rayrl report RUN_DIR`: report.md + plots/*.png, the five-part acceptance check of a run folder.
 
 This module loads the folder, renders the markdown and runs the CLI; the rules are in
-rayrl.acceptance, what they judge in rayrl.evaluation, the figures in rayrl.plots. Everything is
+rayrl.judge.acceptance, what they judge in rayrl.judge.evaluation, the figures in rayrl.judge.plots. Everything is
 rendered in memory before any file is replaced, so a bad folder (exit 2) leaves earlier output
 untouched. See docs/observability.md for every definition.
 """
@@ -21,10 +21,10 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 
 from rayrl import cost, keys
-from rayrl.acceptance import FAIL, PARTS, Check, part_verdicts
-from rayrl.evaluation import evaluate, ladder_costs, run_costs
-from rayrl.plots import figures
-from rayrl.runfolder import RunFolder, RunFolderError, load, subject_history
+from rayrl.judge.acceptance import FAIL, PARTS, Check, part_verdicts
+from rayrl.judge.evaluation import evaluate, ladder_costs, run_costs
+from rayrl.judge.plots import figures
+from rayrl.judge.runfolder import RunFolder, RunFolderError, load, subject_history
 
 EXIT_USAGE = 2
 

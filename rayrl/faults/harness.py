@@ -1,8 +1,8 @@
 """What every fault drill shares: the scratch spec and folder, a Tune run watched from the driver,
 finding and killing our own processes, and the result row.
 
-It exists so the drills (`rayrl.drills`, `rayrl.driver_drill`) and `rayrl drill` itself
-(`rayrl.drill`) take their budgets, timing and kill helpers from one place.
+It exists so the drills (`rayrl.faults.drills`, `rayrl.faults.driver_drill`) and `rayrl drill` itself
+(`rayrl.faults.drill`) take their budgets, timing and kill helpers from one place.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """`rayrl cluster validate`: check cluster YAMLs offline, before `ray up` or `kubectl apply`.
 
 A bad cluster file is found late and paid for in GPU-hours. This module is the command line: it
-reads each file, tells a launcher YAML (`rayrl.cluster_launcher`, with rayrl's rules in
-`rayrl.cluster_launcher_rules`) from KubeRay manifests (`rayrl.cluster_kube`), and prints one line
+reads each file, tells a launcher YAML (`rayrl.cluster.launcher`, with rayrl's rules in
+`rayrl.cluster.launcher_rules`) from KubeRay manifests (`rayrl.cluster.kube`), and prints one line
 per file or problem. Nothing here starts Ray or reaches a cloud. The fake multinode config for
-trying autoscaling on one machine lives in `rayrl.cluster_fake`.
+trying autoscaling on one machine lives in `rayrl.cluster.fake`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Iterator, Sequence
 
 import yaml
 
-from rayrl.cluster_common import one_line
-from rayrl.cluster_kube import validate_kube
-from rayrl.cluster_launcher import validate_launcher
+from rayrl.cluster.common import one_line
+from rayrl.cluster.kube import validate_kube
+from rayrl.cluster.launcher import validate_launcher
 
 EXIT_OK, EXIT_INVALID = 0, 2
 

@@ -17,8 +17,8 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from rayrl.evaluation import after_warmup
-from rayrl.runfolder import RunFolderError, load
+from rayrl.judge.evaluation import after_warmup
+from rayrl.judge.runfolder import RunFolderError, load
 
 EXIT_USAGE = 2
 

@@ -8,7 +8,7 @@ the autoscaling behaviour of the real node types can be tried on one machine
 
 from __future__ import annotations
 
-from rayrl.cluster_common import LEARNER_LABEL
+from rayrl.cluster.common import LEARNER_LABEL
 
 
 def fake_multinode_config(launcher: dict, *, gpu_stand_in: str = "rayrl_fake_gpu", cpus_per_node: int = 1,

@@ -4,7 +4,7 @@ Ray's schema says a file is well formed, not that the cluster it makes is safe o
 rules say learners get GPUs, the image runs the installed Ray, `ray start` uses token auth with
 the token read from a mounted file, the dashboard stays on localhost, Prometheus finds metrics on
 its port, the security group is not open to the world, and nodes install this rayrl.
-`rayrl.cluster_launcher.validate_launcher` calls each; each returns problem sentences.
+`rayrl.cluster.launcher.validate_launcher` calls each; each returns problem sentences.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import json
 import re
 import sys
 
-from rayrl.cluster_common import LEARNER_LABEL, image_version_problem
+from rayrl.cluster.common import LEARNER_LABEL, image_version_problem
 
 METRICS_PORT = 8080                             # Prometheus scrapes every node here
 TOKEN_DEFAULT_PATH = "~/.ray/auth_token"        # where Ray looks for the token without RAY_AUTH_TOKEN_PATH

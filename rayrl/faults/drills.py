@@ -2,8 +2,8 @@
 this process drives, and time how long training takes to come back.
 
 They share one shape (train a scratch copy, inject the fault from a thread, read the monitor) that
-`rayrl.drill_harness` provides; the driver drill, which kills this kind of process itself, is
-`rayrl.driver_drill`.
+`rayrl.faults.harness` provides; the driver drill, which kills this kind of process itself, is
+`rayrl.faults.driver_drill`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from rayrl import keys
-from rayrl.drill_harness import (Monitor, after_recovery, drill_runners, drill_spec, kill_pid, our_actors, outcome,
+from rayrl.faults.harness import (Monitor, after_recovery, drill_runners, drill_spec, kill_pid, our_actors, outcome,
                                  ready_to_kill, run_with_fault, say, scratch, wait_for)
 from rayrl.spec import Spec
 

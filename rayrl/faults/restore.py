@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rayrl.drill_harness import say
+from rayrl.faults.harness import say
 from rayrl.spec import Spec
 
 

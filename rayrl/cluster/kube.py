@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rayrl.cluster_common import image_version_problem
+from rayrl.cluster.common import image_version_problem
 
 KUBE_KINDS = {"RayCluster": "ray.io/v1", "RayJob": "ray.io/v1", "Queue": "scheduling.volcano.sh/v1beta1"}
 

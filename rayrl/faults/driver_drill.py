@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from rayrl import keys, spec as spec_mod
-from rayrl.drill_harness import KILL_AFTER_ITERS, drill_spec, outcome, say, scratch, wait_for
-from rayrl.runfolder import RunFolderError, load as load_run
+from rayrl.faults.harness import KILL_AFTER_ITERS, drill_spec, outcome, say, scratch, wait_for
+from rayrl.judge.runfolder import RunFolderError, load as load_run
 from rayrl.spec import Spec
 
 _SWEEP_MAIN = "import sys; from rayrl.sweep import main; sys.exit(main(sys.argv[1:]))"
