@@ -41,13 +41,6 @@ def env_name(spec: Spec) -> str:
     return env_id
 
 
-def backend_for(spec: Spec) -> str:
-    """The torch.distributed backend RLlib's LearnerGroup starts (via Ray Train's TorchConfig)."""
-    if spec.resources.learners == 0:
-        return "none"
-    return "nccl" if spec.resources.gpus_per_learner > 0 else "gloo"
-
-
 def build_config(spec: Spec) -> AlgorithmConfig:
     """Spec -> AlgorithmConfig for PPO, APPO or IMPALA; nothing is started here."""
     from rayrl.learner import learner_class, learner_settings

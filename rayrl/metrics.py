@@ -115,7 +115,10 @@ class HardwareSampler:
                 continue
             # Full duplex: each direction has the link speed (Mbit/s); judge the busier one.
             rate = max(nics[nic][0] - last[nic][0], nics[nic][1] - last[nic][1]) / dt
-            util = rate * 8.0 / (st.speed * 1e6)
+            if rate < 0:  # counters reset (NIC re-created): no honest rate this interval
+                continue
+            # A virtual NIC can move more than the speed it reports: that is a saturated link, 1.0.
+            util = min(rate * 8.0 / (st.speed * 1e6), 1.0)
             best = util if math.isnan(best) else max(best, util)
         return best
 
@@ -219,16 +222,17 @@ def trial_tags(algorithm: Any) -> tuple[str, str]:
 
 
 def algorithm_resources(algorithm: Any) -> cost.TrialResources:
-    """GPUs and CPUs the trial holds: Tune's placement group if known, else the algorithm config."""
+    """GPUs and CPUs the trial holds: Tune's placement group if known, else rayrl.cost's model of the config."""
     pgf = getattr(algorithm, "trial_resources", None)
     required = getattr(pgf, "required_resources", None)
     if isinstance(required, Mapping) and required:
         return cost.TrialResources(gpus=float(required.get("GPU", 0.0)), cpus=float(required.get("CPU", 0.0)))
     c = algorithm.config
-    learners = c.num_learners
-    per_learner_cpu = c.num_cpus_per_learner if isinstance(c.num_cpus_per_learner, (int, float)) else 1.0
-    cpus = c.num_cpus_for_main_process + c.num_env_runners * c.num_cpus_per_env_runner + learners * per_learner_cpu
-    return cost.TrialResources(gpus=float(c.num_gpus_per_learner) * max(learners, 1), cpus=float(cpus))
+    section = {"env_runners": c.num_env_runners, "learners": c.num_learners,
+               "gpus_per_learner": c.num_gpus_per_learner, "cpus_per_env_runner": c.num_cpus_per_env_runner}
+    if isinstance(c.num_cpus_per_learner, (int, float)):  # "auto" (a local GPU learner): not counted
+        section["cpus_per_learner"] = c.num_cpus_per_learner
+    return cost.trial_resources(section)
 
 
 class TrialObserver:

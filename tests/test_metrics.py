@@ -105,7 +105,24 @@ def test_sampler_on_this_machine_gives_fractions_or_nan():
     out = metrics.hardware_sample()
     assert 0.0 <= out["cpu_util"] <= 1.0 and 0.0 < out["mem_util"] < 1.0
     for key in ("gpu_util", "gpu_mem_util", "net_util"):
-        assert math.isnan(out[key]) or 0.0 <= out[key] <= 10.0
+        assert math.isnan(out[key]) or 0.0 <= out[key] <= 1.0
+
+
+def test_network_utilisation_stays_a_fraction():
+    """A virtual NIC moving more than its reported speed reads saturated (1.0), never above; a counter
+    reset (NIC re-created) gives no rate that interval, never a negative one."""
+    ps, clock = FakePsutil(), Clock()
+    ps.stats = {"veth0": IfStats(True, 2, 100, 1500, "up"), "eth0": IfStats(True, 2, 1000, 1500, "up")}
+    ps.nics = {"veth0": Nic(0, 0), "eth0": Nic(10**9, 10**9)}
+    s = metrics.HardwareSampler(nvml=FakeNvml(), psutil_module=ps, clock=clock)
+    # 1 s: veth0 (100 Mbit/s) received 50 MB = 400 Mbit; eth0's counters went back to 0 and on to 5 MB.
+    ps.nics = {"veth0": Nic(0, 50_000_000), "eth0": Nic(5_000_000, 5_000_000)}
+    clock.t = 1.0
+    assert s.sample()["net_util"] == 1.0
+    ps.stats = {"eth0": IfStats(True, 2, 1000, 1500, "up")}
+    ps.nics = {"veth0": Nic(0, 50_000_000), "eth0": Nic(0, 0)}  # reset again: 5 MB -> 0
+    clock.t = 2.0
+    assert math.isnan(s.sample()["net_util"])
 
 
 def test_visible_gpus_follow_cuda_visible_devices():
@@ -188,6 +205,23 @@ def test_observer_adds_hardware_learner_rate_and_cost_then_publishes():
     assert result["rayrl"]["learner_samples_per_s"] == 9000.0
     assert result["rayrl"][metrics.COST_PER_M_SAMPLES.split("/")[1]] == pytest.approx(5.0)
     assert sets == [result]
+
+
+@pytest.mark.parametrize("resources", [
+    {"env_runners": 2},
+    {"env_runners": 0, "gpus_per_learner": 1.0},                        # a GPU learner in the trial's process
+    {"env_runners": 8, "learners": 4, "gpus_per_learner": 1.0, "cpus_per_learner": 2, "cpus_per_env_runner": 2},
+    {"env_runners": 3, "learners": 2, "cpus_per_learner": 1.5, "cpus_per_env_runner": 0.5},
+])
+def test_a_trials_resources_have_one_model(resources):
+    """The gauge's cost (from the algorithm's config) and the run folder's cost (from the spec) agree."""
+    from rayrl.algo import build_config
+    from rayrl.cost import trial_resources
+    from rayrl.spec import from_dict
+
+    spec = from_dict({"resources": resources})
+    algorithm = SimpleNamespace(config=build_config(spec), trial_resources=None)
+    assert metrics.algorithm_resources(algorithm) == trial_resources(spec.resources)
 
 
 def test_observer_invents_no_cost_without_prices_and_survives_a_broken_publisher():
