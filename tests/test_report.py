@@ -15,6 +15,7 @@ from rayrl import keys
 from rayrl.judge import acceptance, evaluation, plots, report
 from rayrl.judge.acceptance import FAIL, NA, PASS, Thresholds
 from rayrl.judge.runfolder import RunFolderError, best_trial_id, knee_batch, ladder_knee, load, subject_history
+from rayrl.sweep import pick_best
 
 # ---------------------------------------------------------------------------------------------
 # Synthetic run folders (the contract in docs/observability.md); test_doctor.py uses them too.
@@ -43,12 +44,18 @@ def history_rows(trial_id: str, phase: str, batch: int, lr: float, iters: int, s
     return rows
 
 
+# Phase-2 trials (lr, final return, iterations) at batch 4096 against SPEC's target of 400: t1 and t3
+# reach it, t3 with the higher return but 4 more iterations (16,384 more env steps). The sweep ships
+# the fewest-env-steps trial, t1; a highest-return rule would pick t3.
+TRIALS = [(1e-4, 300.0, 12), (3e-4, 450.0, 12), (1e-3, 200.0, 12), (5e-4, 480.0, 16)]
+
+
 def sweep_history() -> pd.DataFrame:
     rows = []
     for n, (batch, sps, _, _) in enumerate(LADDER):
         rows += history_rows(f"rung{n}", "doubling", batch, 3e-4, 4, sps, 50.0)
-    for n, (lr, ret) in enumerate([(1e-4, 300.0), (3e-4, 450.0), (1e-3, 200.0)]):
-        rows += history_rows(f"t{n}", "search", 4096, lr, 12, 1400.0, ret)
+    for n, (lr, ret, iters) in enumerate(TRIALS):
+        rows += history_rows(f"t{n}", "search", 4096, lr, iters, 1400.0, ret)
     return pd.DataFrame(rows, columns=list(keys.HISTORY_COLUMNS))
 
 
@@ -65,10 +72,12 @@ def write_run(root: Path, kind: str = "sweep", history: pd.DataFrame | None = No
         trials = search.groupby("trial_id").agg(batch_size=("batch_size", "first"), lr=("lr", "first"),
                                                 env_steps=("env_steps", "max"),
                                                 episode_return_mean=("episode_return_mean", "last"))
-        trials["status"] = "TERMINATED"
-        trials.reset_index().to_csv(root / "trials.csv", index=False)
-        best = trials["episode_return_mean"].idxmax() if not trials.empty else None
-        best_row = trials.loc[best]
+        target = ((spec or SPEC).get("stop") or {}).get("episode_return")
+        trials["status"] = ["reached_target" if target is not None and r >= target else "completed"
+                            for r in trials["episode_return_mean"]]
+        trials = trials.reset_index()
+        trials.to_csv(root / "trials.csv", index=False)
+        best_row = pick_best(trials.to_dict("records"))  # the sweep's own rule: fewest env steps to the target
         summary = summary or {"kind": "sweep", "knee_batch_size": 4096,
                               "best": {"batch_size": int(best_row["batch_size"]), "lr": float(best_row["lr"]),
                                        "episode_return_mean": float(best_row["episode_return_mean"])},
@@ -232,12 +241,16 @@ def test_thresholds_from_the_spec_acceptance_block(tmp_path):
 
 def test_load_a_sweep_and_find_its_best_trial(tmp_path):
     run = load(write_run(tmp_path / "s"))
-    assert run.kind == "sweep" and len(run.doubling) == 3 and len(run.trials) == 3
+    assert run.kind == "sweep" and len(run.doubling) == 3 and len(run.trials) == 4
+    # t3 returned most (480) but needed 65,536 env steps; t1 reached the target (400) in 49,152.
+    assert run.trials.set_index("trial_id")["status"].to_dict() == {
+        "t0": "completed", "t1": "reached_target", "t2": "completed", "t3": "reached_target"}
+    assert run.summary["best"] == {"batch_size": 4096, "lr": 3e-4, "episode_return_mean": 450.0}
     assert best_trial_id(run) == "t1"  # matched on batch size and lr
     run.summary["best"]["trial_id"] = "t0"
     assert best_trial_id(run) == "t0"  # the summary's trial_id wins
     run.summary["best"] = {}
-    assert best_trial_id(run) == "t1"  # the top return
+    assert best_trial_id(run) == "t1"  # no summary: pick_best over trials.csv, fewest env steps to the target
     assert knee_batch(run) == 4096 and ladder_knee(run.doubling) == 4096
     assert set(subject_history(run)["trial_id"]) == {"t1"}
     assert run.resources.cpus == 3 and run.target_return == 400.0
