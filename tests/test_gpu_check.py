@@ -77,6 +77,23 @@ def test_nvml_verdict_wants_fractions_and_a_visible_load():
     assert G.nvml_row(idle, {"gpu_util": 97.0, "gpu_mem_util": 0.02}, 3.0)[3] == "FAIL"       # percent, not fraction
 
 
+def test_precision_verdicts_want_a_power_of_two_fp16_scale_and_no_nonfinite_step():
+    def figures(**fp16):
+        fp32 = {"samples_per_s": 1000.0, "ratio_vs_fp32": 1.0, "loss_scale": math.nan, "nonfinite_steps": 0.0}
+        return {"fp32": fp32, "bf16": {**fp32, "ratio_vs_fp32": 1.4},
+                "fp16": {**fp32, "ratio_vs_fp32": 1.3, "loss_scale": 32768.0, **fp16}}
+
+    verdicts = lambda res: [r[3] for r in G.precision_rows(res, "cuda")]  # noqa: E731
+    assert verdicts(figures()) == ["ok", "ok", "ok"]
+    assert verdicts(figures(loss_scale=math.nan)) == ["ok", "ok", "FAIL"]    # no dynamic loss scaling
+    assert verdicts(figures(loss_scale=3000.0)) == ["ok", "ok", "FAIL"]      # not a scaler's power of two
+    assert verdicts(figures(nonfinite_steps=2.0)) == ["ok", "ok", "FAIL"]
+    res = figures()
+    res["bf16"]["loss_scale"] = 1.0
+    assert verdicts(res) == ["ok", "FAIL", "ok"]                              # bf16 needs no scaler
+    assert "1.30x fp32" in G.precision_rows(figures(), "cuda")[2][2]
+
+
 @pytest.mark.slow
 def test_the_precision_measurement_runs_on_cpu_and_reports_the_loss_scale():
     """The fp32/bf16/fp16 learner measurement the script runs on cuda, here on the CPU (tiny sizes)."""
