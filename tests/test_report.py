@@ -431,3 +431,38 @@ def test_plots_of_data_a_run_lacks_say_so(tmp_path):
         ax = plot(run)
         assert [t.get_text() for t in ax.texts] == [message] and not ax.lines and not ax.collections
 
+
+def test_lr_plot_tick_labels_do_not_collide_and_the_legend_names_what_matters(tmp_path):
+    """A narrow lr range (what a smoke sweep searches) once printed every minor tick's label on the log
+    axis, running into each other; the legend names each batch size, the best trial and the target."""
+    rows = history_rows("rung0", "doubling", 2048, 3e-4, 4, 1000.0, 50.0)
+    for n, lr in enumerate((1.2e-4, 1.6e-4, 2.7e-4)):
+        rows += history_rows(f"t{n}", "search", 2048 * (1 + n % 2), lr, 6, 1000.0, 100.0 + 50 * n)
+    spec = {**SPEC, "search": {"doubling": {"min_gain": 0.15}, "lr_min": 1e-4, "lr_max": 3e-4}}
+    run = load(write_run(tmp_path / "s", history=pd.DataFrame(rows, columns=list(keys.HISTORY_COLUMNS)), spec=spec))
+    ax = plots.plot_lr_return(run)
+    ax.figure.draw_without_rendering()
+    lo, hi = ax.get_xlim()
+    labels = [t for t in ax.get_xticklabels(which="both")
+              if t.get_visible() and t.get_text() and lo <= t.get_position()[0] <= hi]
+    assert len(labels) >= 2, [t.get_text() for t in labels]
+    boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.x0)
+    assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), [t.get_text() for t in labels]
+    assert lo <= 1e-4 and hi >= 3e-4  # the whole searched range is shown
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["batch 2048", "batch 4096", "best t2", "target return 400"], legend
+
+
+
+def test_trial_and_training_plots_name_every_line_and_what_was_not_measured(tmp_path):
+    run = load(write_run(tmp_path / "s"))
+    legend = [t.get_text() for t in plots.plot_trial_curves(run).get_legend().get_texts()]
+    assert legend == ["t0: lr 1.0e-04, batch 4096", "t1: lr 3.0e-04, batch 4096 (best)",
+                      "t2: lr 1.0e-03, batch 4096", "t3: lr 5.0e-04, batch 4096", "target return 400"], legend
+    fig = plots.figures(run)["training.png"]
+    ret, rate, _, hardware = fig.axes
+    assert [t.get_text() for t in rate.get_legend().get_texts()] == [
+        "env steps/s (end to end)", "learner samples/s (epochs included)"]
+    assert "target return 400" in [t.get_text() for t in ret.get_legend().get_texts()]
+    assert [t.get_text() for t in hardware.texts] == ["not measured: GPU, GPU memory, network (of link speed)"]
+    assert hardware.get_ylabel() == "utilisation (fraction, 0..1)"

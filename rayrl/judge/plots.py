@@ -69,60 +69,122 @@ def plot_doubling(run: RunFolder, ax: Any = None) -> Any:
     return ax
 
 
+#: Readable names of history.csv's columns, with units, for legends and axes.
+LABELS = {"episode_return_mean": "episode return (mean of recent episodes)",
+          "env_steps_per_s": "env steps/s (end to end)", "learner_samples_per_s": "learner samples/s (epochs included)",
+          "total_loss": "total loss", "cpu_util": "CPU", "mem_util": "host memory", "gpu_util": "GPU",
+          "gpu_mem_util": "GPU memory", "net_util": "network (of link speed)"}
+#: Above this many trials a legend would hide the curves: only the best is named.
+MAX_NAMED_TRIALS = 12
+
+
+def _target(ax: Any, target: float | None) -> None:
+    if target is not None:
+        ax.axhline(target, color="tab:gray", ls=":", lw=1, label=f"target return {target:g}")
+
+
+def _trial_label(row: Any, best: bool) -> str:
+    text = f"{row['trial_id']}: lr {float(row['lr']):.1e}, batch {int(row['batch_size'])}"
+    return text + (" (best)" if best else "") if pd.notna(row["lr"]) else str(row["trial_id"])
+
+
 def plot_trial_curves(run: RunFolder, ax: Any = None, phase: str = "search") -> Any:
-    """Episode return against env steps for every trial of ``phase`` (ASHA's view); best in bold."""
+    """Episode return against env steps for every trial of ``phase`` (ASHA's view); best in bold.
+
+    Each trial is named by its lr and batch (up to MAX_NAMED_TRIALS), an x marks a trial the
+    scheduler stopped early, and the dotted line is the target return.
+    """
     ax = _axes(ax)
     h = run.history[run.history["phase"] == phase] if run.kind == "sweep" else run.history
     best = best_trial_id(run)
+    trials = run.trials.set_index(run.trials["trial_id"].astype(str)) if run.trials is not None else None
+    named = h["trial_id"].nunique() <= MAX_NAMED_TRIALS
+    stopped = False
     for tid, g in h.groupby("trial_id"):
-        g = g.sort_values("env_steps")
+        g = g.dropna(subset=["episode_return_mean"]).sort_values("env_steps")  # NaN: no episode ended yet
         is_best = str(tid) == best
-        label = f"{tid} (best)" if is_best else None
-        ax.plot(g["env_steps"], g["episode_return_mean"], lw=2.5 if is_best else 1, alpha=1 if is_best else 0.6,
-                label=label)
+        row = trials.loc[str(tid)] if trials is not None and str(tid) in trials.index else None
+        label = _trial_label(row, is_best) if row is not None and (named or is_best) else \
+            (f"{tid} (best)" if is_best else str(tid) if named else None)
+        line, = ax.plot(g["env_steps"], g["episode_return_mean"], lw=2.5 if is_best else 1,
+                        alpha=1 if is_best else 0.7, label=label, zorder=3 if is_best else 2)
+        if row is not None and row.get("status") == "stopped_early" and not g.empty:
+            ax.plot(g["env_steps"].iloc[-1:], g["episode_return_mean"].iloc[-1:], "x", color=line.get_color(),
+                    ms=8, mew=2)
+            stopped = True
+    if stopped:  # one neutral legend entry for every trial's x
+        ax.plot([], [], "x", color="black", ms=8, mew=2, label="stopped early (scheduler)")
+    _target(ax, run.target_return)
     ax.set_xlabel("env steps")
-    ax.set_ylabel("episode return (mean)")
+    ax.set_ylabel(LABELS["episode_return_mean"])
     ax.set_title(f"Trials: return against env steps ({phase})")
-    if best is not None:
-        ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     return ax
 
 
 def plot_lr_return(run: RunFolder, ax: Any = None) -> Any:
-    """Final return of each phase-2 trial against its lr, coloured by batch size."""
+    """Each phase-2 trial's last return against its lr (log axis over the searched range), coloured by batch
+    size, marked by how the trial ended; the best trial ringed, the target dotted."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     ax = _axes(ax)
     t = run.trials
     if _no_data(ax, t, "no phase-2 trials"):
         return ax
     for batch, g in t.groupby("batch_size"):
-        ax.scatter(g["lr"], g["episode_return_mean"], label=f"batch {int(batch)}")
+        ax.scatter(g["lr"], g["episode_return_mean"], marker="o", s=36, zorder=3, label=f"batch {int(batch)}")
+    stopped = t[t["status"] == "stopped_early"]
+    if not stopped.empty:  # their return is from the point the scheduler stopped them, not an end result
+        ax.scatter(stopped["lr"], stopped["episode_return_mean"], marker="x", s=60, color="black", lw=1,
+                   zorder=4, label="stopped early (return when stopped)")
+    best = best_trial_id(run)
+    top = t[t["trial_id"].astype(str) == best]
+    if not top.empty:
+        ax.scatter(top["lr"], top["episode_return_mean"], s=220, facecolors="none", edgecolors="tab:red", lw=1.5,
+                   zorder=5, label=f"best {best}")
+    _target(ax, run.target_return)
+    search = run.sections["search"]
     ax.set_xscale("log")
-    ax.set_xlabel("lr")
-    ax.set_ylabel("episode return (final)")
-    ax.set_title("lr against return")
-    ax.legend(fontsize=8)
+    # The searched range (do the best crowd an edge?), widened to any trial outside it.
+    ax.set_xlim(min(search.lr_min, t["lr"].min()) / 1.5, max(search.lr_max, t["lr"].max()) * 1.5)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.0e}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())  # unlabeled minor ticks: the labels ran into each other
+    ax.set_xlabel(f"learning rate (log scale; searched {search.lr_min:.0e} to {search.lr_max:.0e})")
+    ax.set_ylabel("episode return at the trial's end")
+    ax.set_title("Learning rate against return (phase-2 trials)")
+    ax.legend(fontsize=7)
     return ax
 
 
-def plot_training(history: pd.DataFrame, title: str = "Training") -> Any:
-    """Return, throughput, loss and hardware over wall time (one line per trial)."""
+def plot_training(history: pd.DataFrame, title: str = "Training", target: float | None = None) -> Any:
+    """Return, throughput, loss and hardware over the trial's time (one line per trial and figure)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11, 7), layout="constrained")
     axes = fig.subplots(2, 2)
     fig.suptitle(title)
     panels = [(axes[0, 0], ["episode_return_mean"], "episode return"),
-              (axes[0, 1], ["env_steps_per_s", "learner_samples_per_s"], "per second"),
-              (axes[1, 0], ["total_loss"], "total loss"),
-              (axes[1, 1], ["cpu_util", "mem_util", "gpu_util", "gpu_mem_util", "net_util"], "utilisation (0..1)")]
+              (axes[0, 1], ["env_steps_per_s", "learner_samples_per_s"], "samples / s"),
+              (axes[1, 0], ["total_loss"], "total loss (RLlib learner, per iteration)"),
+              (axes[1, 1], ["cpu_util", "mem_util", "gpu_util", "gpu_mem_util", "net_util"],
+               "utilisation (fraction, 0..1)")]
     many = history["trial_id"].nunique() > 1
     for ax, cols, ylabel in panels:
         for tid, g in history.groupby("trial_id"):
             g = g.sort_values(keys.TIME_TOTAL)
             for col in cols:
-                if g[col].notna().any():
-                    ax.plot(g[keys.TIME_TOTAL], g[col], ".-", label=f"{col} {tid}" if many else col)
-        ax.set_xlabel("time (s)")
+                v = g[g[col].notna()]  # NaN: not reported that iteration; the line joins its neighbours
+                if not v.empty:
+                    ax.plot(v[keys.TIME_TOTAL], v[col], ".-", label=f"{LABELS[col]} {tid}" if many else LABELS[col])
+        missing = [LABELS[c] for c in cols if not history[c].notna().any()]
+        if missing and len(cols) > 1:  # say what is absent rather than leave a reader looking for it
+            ax.text(0.01, 0.01, "not measured: " + ", ".join(missing), transform=ax.transAxes, fontsize=7,
+                    color="tab:gray", va="bottom")
+        if cols[0] == "episode_return_mean":
+            _target(ax, target)
+        ax.set_xlabel("trial time (s)")
         ax.set_ylabel(ylabel)
         if cols[0] == "cpu_util":
             ax.set_ylim(0, 1.05)
@@ -141,5 +203,5 @@ def figures(run: RunFolder) -> dict[str, Any]:
     subject = subject_history(run)
     if not subject.empty:
         title = f"{run.name}: " + ("best trial" if run.kind == "sweep" else "training")
-        out["training.png"] = plot_training(subject, title)
+        out["training.png"] = plot_training(subject, title, run.target_return)
     return out
