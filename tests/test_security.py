@@ -163,6 +163,16 @@ def _connect(address: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
 
 
+#: What the GCS answers a driver whose token is missing or wrong (Ray 2.60, gcs_client.cc).
+GCS_REFUSAL = "Unauthenticated: RPC error: InvalidAuthToken: Authentication token is missing or incorrect"
+
+
+def assert_refused(proc: subprocess.CompletedProcess) -> None:
+    """The driver failed because the GCS refused its token, not for any other reason (timeout, import)."""
+    assert proc.returncode != 0 and "CONNECTED" not in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert GCS_REFUSAL in proc.stderr and "Failed to connect to GCS" in proc.stderr, proc.stderr[-3000:]
+
+
 def _http(url: str, token: str | None) -> int:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
@@ -203,8 +213,8 @@ def test_a_head_refuses_jobs_and_drivers_without_the_token(tmp_path, token_file)
         accepted = submit_job(submit, with_token, timeout=300)
         assert accepted.returncode == 0 and "rayrl-auth-ok" in accepted.stdout, accepted.stdout + accepted.stderr
 
-        assert "CONNECTED" not in _connect(head.gcs, without).stdout
-        assert "CONNECTED" not in _connect(head.gcs, wrong).stdout
+        assert_refused(_connect(head.gcs, without))
+        assert_refused(_connect(head.gcs, wrong))
         ok = _connect(head.gcs, with_token)
         assert "CONNECTED 1.0" in ok.stdout, ok.stdout + ok.stderr
 
@@ -231,7 +241,7 @@ def test_the_local_ray_rayrl_starts_has_token_auth_on(tmp_path, token_file):
         assert info["token"] is True
         without = subprocess_env(RAY_AUTH_MODE="disabled")
         without.pop("RAY_AUTH_TOKEN", None)
-        assert "CONNECTED" not in _connect(info["gcs"], without).stdout
+        assert_refused(_connect(info["gcs"], without))
         ok = _connect(info["gcs"], subprocess_env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file)))
         assert "CONNECTED 1.0" in ok.stdout, ok.stdout + ok.stderr
     finally:
