@@ -83,9 +83,12 @@ def _target(ax: Any, target: float | None) -> None:
         ax.axhline(target, color="tab:gray", ls=":", lw=1, label=f"target return {target:g}")
 
 
-def _trial_label(row: Any, best: bool) -> str:
-    text = f"{row['trial_id']}: lr {float(row['lr']):.1e}, batch {int(row['batch_size'])}"
-    return text + (" (best)" if best else "") if pd.notna(row["lr"]) else str(row["trial_id"])
+def _trial_label(tid: Any, row: Any, best: bool) -> str:
+    """"ID: lr 3.0e-04, batch 4096 (best)"; the bare id where trials.csv lacks a readable lr or batch."""
+    lr, batch = (pd.to_numeric(pd.Series([row.get(k) if row is not None else None]), errors="coerce").iloc[0]
+                 for k in ("lr", "batch_size"))
+    text = f"{tid}: lr {lr:.1e}, batch {batch:.0f}" if pd.notna(lr) and pd.notna(batch) else str(tid)
+    return text + (" (best)" if best else "")
 
 
 def plot_trial_curves(run: RunFolder, ax: Any = None, phase: str = "search") -> Any:
@@ -104,11 +107,12 @@ def plot_trial_curves(run: RunFolder, ax: Any = None, phase: str = "search") -> 
         g = g.dropna(subset=["episode_return_mean"]).sort_values("env_steps")  # NaN: no episode ended yet
         is_best = str(tid) == best
         row = trials.loc[str(tid)] if trials is not None and str(tid) in trials.index else None
-        label = _trial_label(row, is_best) if row is not None and (named or is_best) else \
-            (f"{tid} (best)" if is_best else str(tid) if named else None)
+        if isinstance(row, pd.DataFrame):  # a trial id listed twice: its last row
+            row = row.iloc[-1]
+        label = _trial_label(tid, row, is_best) if named or is_best else None
         line, = ax.plot(g["env_steps"], g["episode_return_mean"], lw=2.5 if is_best else 1,
                         alpha=1 if is_best else 0.7, label=label, zorder=3 if is_best else 2)
-        if row is not None and row.get("status") == "stopped_early" and not g.empty:
+        if row is not None and str(row.get("status")) == "stopped_early" and not g.empty:
             ax.plot(g["env_steps"].iloc[-1:], g["episode_return_mean"].iloc[-1:], "x", color=line.get_color(),
                     ms=8, mew=2)
             stopped = True
