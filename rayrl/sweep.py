@@ -78,6 +78,7 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "trials": len(trials),
         "stopped_early": sum(1 for t in trials if t["status"] == "stopped_early"),
         "scheduler": spec.search.scheduler,
+        "return_judged_by": spec.judged_by,
         "resources": trial_resources(spec),
     }
     runtime.write_json(paths.run_dir / "summary.json", summary)
@@ -143,7 +144,7 @@ def phase2(spec: Spec, paths: runtime.RunPaths, ladder: list[int]) -> tuple[list
           f"(each holds {request})", flush=True)
     stop = {keys.ENV_STEPS: s.max_env_steps}
     if spec.stop.episode_return is not None:
-        stop[keys.EPISODE_RETURN] = spec.stop.episode_return
+        stop[keys.return_key(spec.judged_by)] = spec.stop.episode_return
     tuner = make_tuner(spec, paths, phase="search", subdir="phase2", param_space=_base_params(spec),
                        tune_config=phase2_tune_config(spec, ladder, concurrent), stop=stop,
                        verbose_label="phase 2")
@@ -189,7 +190,7 @@ def _trial_row(trial: Any, spec: Spec) -> dict:
     from rayrl.progress import config_batch_lr
 
     m = trial.last_result or {}
-    ret = keys.lookup(m, keys.EPISODE_RETURN)
+    ret = keys.lookup(m, keys.return_key(spec.judged_by))
     steps = keys.lookup(m, keys.ENV_STEPS)
     target = spec.stop.episode_return
     if trial.status == "ERROR":
@@ -254,13 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         "(doubling.csv, trials.csv, best_config.yaml, summary.json). The same command again resumes."))
     add_run_args(parser, default_config="experiments/configs/cartpole_ppo.yaml")
     parser.add_argument("--smoke", action="store_true", help="tiny budgets: the whole sweep in about 3 minutes "
-                        "on 2 cores")
+                        "on 2 cores (--set overrides still apply on top)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray (default: all)")
     args = parser.parse_args(argv)
     try:
         spec = spec_mod.load(args.config, args.overrides)
-        if args.smoke:
-            spec = smoke(spec)
+        if args.smoke:  # --set still wins over --smoke's budgets
+            spec = spec_mod.from_dict(spec_mod.apply_overrides(spec_mod.to_dict(smoke(spec)), args.overrides))
         paths = runtime.resolve(args.storage, args.name or spec.name)
     except SpecError as exc:
         sys.stderr.write(textwrap.fill(f"sweep: error: {exc}", width=100) + "\n")
