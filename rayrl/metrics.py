@@ -31,7 +31,6 @@ GAUGES: tuple[tuple[str, str, str], ...] = (
      "epochs included"),
     ("rayrl_batch_size", keys.GLOBAL_BATCH, "Global train batch: per-learner batch x learners, env steps"),
     ("rayrl_episode_return", keys.EPISODE_RETURN, "Mean return of recent episodes"),
-    ("rayrl_eval_return", keys.EVAL_RETURN, "Mean return of the last evaluation"),
     ("rayrl_nonfinite_steps", keys.NONFINITE_STEPS, "Non-finite (NaN/Inf) learner steps skipped, lifetime"),
     ("rayrl_loss_scale", keys.LOSS_SCALE, "fp16 dynamic loss scale"),
     ("rayrl_cost_per_million_samples", COST_PER_M_SAMPLES, "USD per million env steps trained on, so far"),

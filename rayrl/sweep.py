@@ -43,6 +43,14 @@ def smoke(spec: Spec) -> Spec:
     )
 
 
+def load_spec(config: str, overrides: list[str] | tuple[str, ...] = (), *, tiny: bool = False) -> Spec:
+    """The spec a sweep runs: the file, then --smoke's budgets, then the --set overrides (they win)."""
+    spec = spec_mod.load(config, overrides)
+    if not tiny:
+        return spec
+    return spec_mod.from_dict(spec_mod.apply_overrides(spec_mod.to_dict(smoke(spec)), overrides))
+
+
 def run(spec: Spec, paths: runtime.RunPaths) -> dict:
     """Both phases, resumable; returns summary.json's content."""
     start = time.monotonic()
@@ -259,9 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray (default: all)")
     args = parser.parse_args(argv)
     try:
-        spec = spec_mod.load(args.config, args.overrides)
-        if args.smoke:  # --set still wins over --smoke's budgets
-            spec = spec_mod.from_dict(spec_mod.apply_overrides(spec_mod.to_dict(smoke(spec)), args.overrides))
+        spec = load_spec(args.config, args.overrides, tiny=args.smoke)
         paths = runtime.resolve(args.storage, args.name or spec.name)
     except SpecError as exc:
         sys.stderr.write(textwrap.fill(f"sweep: error: {exc}", width=100) + "\n")
@@ -280,7 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     best = summary["best"]
     if best is None:
-        print(f"[sweep] no phase-2 trial reported a return; see {paths.run_dir}/phase2", flush=True)
+        what = "evaluation" if spec.judged_by == "evaluation" else "episode"
+        print(f"[sweep] no phase-2 trial finished an {what} within search.max_env_steps "
+              f"({spec.search.max_env_steps:,}), so there is no return to pick the best by; raise "
+              f"search.max_env_steps (episodes of this env may be long) and see {paths.run_dir}/phase2", flush=True)
         return 1
     print(f"[sweep] done in {summary['wall_s']:.0f}s: knee {summary['knee_batch_size']}, best batch "
           f"{best['batch_size']} lr {best['lr']:.2e} return {best['episode_return_mean']:.1f}; "
