@@ -42,7 +42,8 @@ def build_learner(mode: str, device: str, args: argparse.Namespace) -> Any:
 
     spec = from_dict({
         "algo": {"train_batch_per_learner": args.batch, "minibatch_size": args.minibatch,
-                 "epochs": args.epochs, "hidden": args.hidden},
+                 "epochs": args.epochs},
+        "model": {"hidden": args.hidden},
         "resources": {"env_runners": 0, "gpus_per_learner": 1.0 if device == "cuda" else 0.0},
         "precision": {"mode": mode, "accumulation_steps": args.accumulation},
     })

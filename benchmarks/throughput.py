@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "rayrl_spec": {"batch": knee, "minibatch": spec_knee.algo.minibatch_size, "epochs": spec.algo.epochs,
                        "env_runners": spec.resources.env_runners, "envs_per_runner": spec.env.envs_per_runner,
-                       "hidden": spec.algo.hidden},
+                       "hidden": spec.model.hidden},
         "machine": C.machine(),
         "wall_s": round(time.monotonic() - started, 1),
     }

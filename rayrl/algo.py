@@ -12,33 +12,14 @@ from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
-from ray.tune.registry import register_env
-
-from rayrl import keys, metrics
-from rayrl.spec import Spec, resolve_factory
+from rayrl import keys, metrics, models
+from rayrl.envs import registry
+from rayrl.spec import Spec
 
 
 def env_name(spec: Spec) -> str:
-    """The name RLlib builds the env from; factories are registered with Tune's registry."""
-    env_id = spec.env.id
-    if ":" in env_id:
-        factory = resolve_factory(env_id)
-        name = "rayrl_env:" + env_id
-        register_env(name, lambda cfg, f=factory: f(dict(cfg)))
-        return name
-    if env_id.startswith("ALE/"):
-        name = "rayrl_ale:" + env_id
-
-        def make_ale(cfg: dict, env_id: str = env_id) -> Any:
-            import ale_py
-            import gymnasium
-
-            gymnasium.register_envs(ale_py)
-            return gymnasium.make(env_id, **dict(cfg))
-
-        register_env(name, make_ale)
-        return name
-    return env_id
+    """The name RLlib builds the env from (factories and ALE ids are registered: rayrl.envs.registry)."""
+    return registry.env_name(spec.env.id)
 
 
 def build_config(spec: Spec) -> AlgorithmConfig:
@@ -74,11 +55,18 @@ def build_config(spec: Spec) -> AlgorithmConfig:
             # rayrl's learner clips (and reports the pre-clip norm) itself: see rayrl.learner.
             grad_clip=None,
         )
-        .rl_module(model_config={"fcnet_hiddens": list(a.hidden), "vf_share_layers": False})
+        .rl_module(model_config=models.model_config(spec.model, atari=registry.is_ale(spec.env.id)))
         .callbacks(RayrlCallback)
         .debugging(seed=spec.seed, log_level="ERROR")
         .reporting(metrics_num_episodes_for_smoothing=20)
     )
+    if spec.model.normalize_obs:
+        config.env_runners(env_to_module_connector=models.obs_filter)
+    if spec.evaluation.interval > 0:
+        e = spec.evaluation
+        config.evaluation(evaluation_interval=e.interval, evaluation_duration=e.episodes,
+                          evaluation_duration_unit="episodes", evaluation_num_env_runners=e.env_runners,
+                          evaluation_config={"explore": not e.deterministic})
     if a.name == "PPO":
         config = config.training(lambda_=a.gae_lambda)
         config.env_runners(rollout_fragment_length="auto")
@@ -125,6 +113,7 @@ class RayrlCallback(RLlibCallback):
         self._last_steps: float | None = None
         self._last_time = 0.0
         self._observer: metrics.TrialObserver | None = None
+        self._returns = {"train_return": math.nan, "eval_return": math.nan}  # last known
 
     def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
         # Made here, not at the first result, so the first hardware interval spans the first iteration.
@@ -156,8 +145,19 @@ class RayrlCallback(RLlibCallback):
             "effective_lr": cfg.lr,
             "precision": settings.get("precision", "fp32"),
             **learner_stats,
+            **self._known_returns(result),
         }
         self._observer.observe(result)  # hardware sample into result["rayrl"]; Ray gauges
+
+
+    def _known_returns(self, result: dict) -> dict:
+        """Training and evaluation returns, carried over iterations that finished no episode (NaN before
+        the first), so every result has both keys and a missing return is never an error."""
+        for name, key in (("train_return", keys.EPISODE_RETURN), ("eval_return", keys.EVAL_EPISODE_RETURN)):
+            value = keys.lookup(result, key)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                self._returns[name] = float(value)
+        return dict(self._returns)
 
 
 def _learner_backend(algorithm: Any) -> str:

@@ -5,7 +5,14 @@ has added its ``rayrl`` section. One place, so a renamed metric breaks loudly, n
 """
 
 ENV_STEPS = "num_env_steps_sampled_lifetime"          #: env steps sampled since the run began
-EPISODE_RETURN = "env_runners/episode_return_mean"     #: mean return of recent episodes
+EPISODE_RETURN = "env_runners/episode_return_mean"     #: RLlib's: mean return of recent episodes; absent
+                                                       #: until the first episode finishes
+EVAL_EPISODE_RETURN = "evaluation/env_runners/episode_return_mean"  #: RLlib's, on evaluation iterations only
+
+# Returns as rayrl reports them: present in every result (see rayrl.algo.RayrlCallback), so an iteration
+# without a finished episode is normal for the scheduler, searcher, stoppers, progress line and history.
+TRAIN_RETURN = "rayrl/train_return"                    #: training return, last known; NaN before any episode
+EVAL_RETURN = "rayrl/eval_return"                      #: evaluation return, last known; NaN before any evaluation
 ITERATION = "training_iteration"
 TIME_TOTAL = "time_total_s"
 
@@ -21,6 +28,11 @@ NONFINITE_STEPS = "rayrl/nonfinite_steps"             #: skipped non-finite step
 LOSS_SCALE = "rayrl/loss_scale"                        #: fp16 dynamic loss scale (NaN otherwise)
 GRAD_NORM = "rayrl/grad_norm"                          #: pre-clip global gradient norm
 TOTAL_LOSS = "rayrl/total_loss"
+
+
+def return_key(judged_by: str) -> str:
+    """The key runs are ranked and stopped by: Spec.judged_by is "evaluation" or "training"."""
+    return EVAL_RETURN if judged_by == "evaluation" else TRAIN_RETURN
 
 
 def lookup(result: dict, key: str, default=None):
@@ -44,7 +56,7 @@ LEARNER_SAMPLES_PER_S = "rayrl/learner_samples_per_s"
 
 # Columns of the run folder's history.csv (one row per reported iteration of every trial).
 HISTORY_COLUMNS = (
-    "trial_id", "phase", "batch_size", "lr", ITERATION, "env_steps", "episode_return_mean",
+    "trial_id", "phase", "batch_size", "lr", ITERATION, "env_steps", "episode_return_mean", "eval_return_mean",
     "env_steps_per_s", "learner_samples_per_s", "total_loss", "grad_norm", "loss_scale",
     "nonfinite_steps", "time_total_s", "cpu_util", "mem_util", "gpu_util", "gpu_mem_util", "net_util",
     "num_learners", "backend", "precision",

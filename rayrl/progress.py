@@ -31,7 +31,8 @@ def history_row(result: dict, trial_id: str, phase: str, batch_size: Any, lr: An
         "lr": lr,
         keys.ITERATION: get(keys.ITERATION),
         "env_steps": get(keys.ENV_STEPS),
-        "episode_return_mean": get(keys.EPISODE_RETURN),
+        "episode_return_mean": get(keys.TRAIN_RETURN),
+        "eval_return_mean": get(keys.EVAL_RETURN),
         "env_steps_per_s": get(keys.ENV_STEPS_PER_S),
         "learner_samples_per_s": get(keys.LEARNER_SAMPLES_PER_S),
         "total_loss": get(keys.TOTAL_LOSS),
@@ -104,7 +105,9 @@ class ProgressPrinter(Callback):
         parts.append(f"iter {int(get(keys.ITERATION))}")
         parts.append(f"env steps {get(keys.ENV_STEPS):,.0f}")
         parts.append(f"{get(keys.ENV_STEPS_PER_S):,.0f} steps/s")
-        parts.append(f"return {get(keys.EPISODE_RETURN):.1f}")
+        parts.append(f"return {get(keys.TRAIN_RETURN):.1f}")  # nan: no episode finished yet
+        if math.isfinite(get(keys.EVAL_RETURN)):
+            parts.append(f"eval return {get(keys.EVAL_RETURN):.1f}")
         print(" | ".join(parts), file=self.stream or sys.stdout, flush=True)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:

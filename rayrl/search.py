@@ -110,9 +110,12 @@ def phase2_tune_config(spec: Spec, ladder: list[int], max_concurrent: int) -> An
     else:
         scheduler = HyperBandScheduler(time_attr=keys.ENV_STEPS, max_t=s.max_env_steps,
                                        reduction_factor=s.reduction_factor)
-    searcher = OptunaSearch(space=Phase2Space(spec, ladder), metric=keys.EPISODE_RETURN, mode="max",
+    # The return key is in every result (NaN until the first episode/evaluation): ASHA neither stops a
+    # trial on a NaN nor counts it in a rung's cutoff; Optuna records a trial that ends on NaN as failed.
+    metric = keys.return_key(spec.judged_by)
+    searcher = OptunaSearch(space=Phase2Space(spec, ladder), metric=metric, mode="max",
                             sampler=optuna.samplers.TPESampler(seed=spec.seed))
-    return tune.TuneConfig(metric=keys.EPISODE_RETURN, mode="max", scheduler=scheduler, search_alg=searcher,
+    return tune.TuneConfig(metric=metric, mode="max", scheduler=scheduler, search_alg=searcher,
                            num_samples=s.num_samples, max_concurrent_trials=max_concurrent)
 
 

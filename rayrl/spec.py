@@ -23,6 +23,9 @@ ALGORITHMS = ("PPO", "APPO", "IMPALA")
 LR_SCALING = ("none", "linear", "sqrt")
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULERS = ("asha", "hyperband")
+ACTIVATIONS = ("tanh", "relu", "silu", "elu", "linear")
+JUDGES = ("evaluation", "training")
+MOVED = {"algo.hidden": "model.hidden"}  #: fields that moved, so an old spec's error names the new place
 
 
 class SpecError(ValueError):
@@ -58,7 +61,37 @@ class AlgoSpec:
     entropy_coeff: float = doc(0.0, "entropy bonus coefficient", ge=0.0)
     vf_loss_coeff: float = doc(0.01, "value-function loss coefficient", ge=0.0)
     grad_clip: float = doc(1.0, "clip gradients to this global L2 norm; 0 turns clipping off", ge=0.0)
-    hidden: list = doc([64, 64], "hidden layer sizes of the policy/value MLP", item=int)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    hidden: list = doc([64, 64], "hidden layer sizes of the policy/value MLP (after the CNN/LSTM, if any)",
+                       item=int)
+    activation: str = doc("tanh", "MLP activation", choices=ACTIVATIONS)
+    conv_filters: list | None = doc(None, "CNN for image observations: [[out_channels, [kernel_h, kernel_w], "
+                                    "stride], ...]; null: RLlib's default for the image size (84x84 Atari "
+                                    "frames: [[16, [8, 8], 4], [32, [4, 4], 2], [256, [11, 11], 1]])")
+    conv_activation: str = doc("relu", "CNN activation", choices=ACTIVATIONS)
+    lstm: bool = doc(False, "put an LSTM after the encoder (memory for partially observed envs)")
+    lstm_cell_size: int = doc(256, "LSTM cell size", min=1)
+    max_seq_len: int = doc(20, "LSTM: steps per training sequence (backprop through time)", min=1)
+    vf_share_layers: bool = doc(False, "policy and value function share the encoder (true is usual for CNNs)")
+    normalize_obs: bool = doc(False, "normalise observations by a running mean and std (RLlib's MeanStdFilter "
+                              "connector; its state is checkpointed and synced to the env runners)")
+    free_log_std: bool = doc(False, "continuous actions: the Gaussian's log std is a learned parameter, not "
+                             "an output of the network")
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    interval: int = doc(0, "evaluate every N training iterations; 0 turns evaluation off", min=0)
+    episodes: int = doc(10, "episodes per evaluation", min=1)
+    deterministic: bool = doc(True, "evaluate the greedy policy (exploration off)")
+    env_runners: int = doc(0, "EnvRunner actors of its own for evaluation; 0 evaluates in the trial's process",
+                           min=0)
+    judge: str = doc("evaluation", "when evaluation is on, the return that ranks phase-2 trials (scheduler, "
+                     "searcher, best trial, best_config.yaml), stops a run (stop.episode_return) and the report's "
+                     "reward part judges: evaluation or training", choices=JUDGES)
 
 
 @dataclass(frozen=True)
@@ -163,6 +196,8 @@ class Spec:
     seed: int = doc(0, "seed for torch, the envs and the searchers", min=0)
     env: EnvSpec = doc(EnvSpec(), "the environment")
     algo: AlgoSpec = doc(AlgoSpec(), "the algorithm and its hyperparameters")
+    model: ModelSpec = doc(ModelSpec(), "the policy/value network (RLlib's DefaultModelConfig)")
+    evaluation: EvaluationSpec = doc(EvaluationSpec(), "periodic evaluation episodes, apart from training")
     resources: ResourcesSpec = doc(ResourcesSpec(), "actors and devices of one trial")
     precision: PrecisionSpec = doc(PrecisionSpec(), "learner numerics")
     stop: StopSpec = doc(StopSpec(), "when a training run ends (whichever comes first)")
@@ -180,6 +215,11 @@ class Spec:
     def effective_lr(self) -> float:
         """lr after the declared scaling rule for the number of learners."""
         return scaled_lr(self.algo.lr, self.resources.learners, self.resources.lr_scaling)
+
+    @property
+    def judged_by(self) -> str:
+        """The return runs are ranked and stopped by: "evaluation" (when on and chosen) or "training"."""
+        return "evaluation" if self.evaluation.interval > 0 and self.evaluation.judge == "evaluation" else "training"
 
 
 def scaled_lr(lr: float, learners: int, rule: str) -> float:
@@ -245,6 +285,9 @@ def _convert(path: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise SpecError(f"{path}: {value!r} is not an integer; expected {_describe(tp)}.")
+    elif tp is bool:
+        if not isinstance(value, bool):
+            raise SpecError(f"{path}: {value!r} is not true or false.")
     elif tp is str:
         if not isinstance(value, str) or not value:
             raise SpecError(f"{path}: {value!r} is not a non-empty string.")
@@ -291,6 +334,8 @@ def build_section(cls: type, data: Any, path: str) -> Any:
         if key not in fields:
             near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
             hint = f"did you mean {near[0]!r}? " if near else ""
+            if where in MOVED:
+                hint = f"it moved to {MOVED[where]}; "
             raise SpecError(f"{where}: unknown key; {hint}valid keys{' in ' + path if path else ''}: "
                             f"{', '.join(fields)}.")
         kwargs[key] = _convert(where, value, hints[key], fields[key].metadata)
@@ -326,7 +371,22 @@ def validate(spec: Spec) -> None:
             spec.resources.gpus_per_learner != 1:
         raise SpecError(f"resources.gpus_per_learner: {spec.resources.gpus_per_learner} with learners: 0; "
                         "the local learner takes 0 or 1 GPU.")
+    check_conv_filters(spec.model.conv_filters)
     check_env(spec.env.id)
+
+
+def check_conv_filters(filters: list | None) -> None:
+    """Each CNN layer is [out_channels, [kernel_h, kernel_w], stride] of positive integers."""
+    if filters is None:
+        return
+    for i, layer in enumerate(filters):
+        ok = (isinstance(layer, (list, tuple)) and len(layer) == 3 and isinstance(layer[1], (list, tuple))
+              and len(layer[1]) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                             for v in (layer[0], *layer[1], layer[2])))
+        if not ok:
+            raise SpecError(f"model.conv_filters[{i}]: {layer!r} is not a layer; each layer is [out_channels, "
+                            "[kernel_h, kernel_w], stride] of positive integers, e.g. [16, [8, 8], 4]; null "
+                            "takes RLlib's default for the image size.")
 
 
 def check_env(env_id: str) -> None:
@@ -336,13 +396,14 @@ def check_env(env_id: str) -> None:
         return
     import gymnasium
 
-    if env_id.startswith("ALE/"):
+    if env_id not in gymnasium.registry:  # ALE ids (ALE/Pong-v5, PongNoFrameskip-v4) appear once ale-py registers
         try:
             import ale_py
 
             gymnasium.register_envs(ale_py)
         except ImportError as exc:
-            raise SpecError(f"env.id: {env_id!r} needs the ale-py package ({exc}); pip install ale-py.") from None
+            if env_id.startswith("ALE/"):
+                raise SpecError(f"env.id: {env_id!r} needs the ale-py package ({exc}); pip install ale-py.") from None
     if env_id not in gymnasium.registry:
         near = difflib.get_close_matches(env_id, list(gymnasium.registry), n=1, cutoff=0.6)
         hint = f"did you mean {near[0]!r}? " if near else ""

@@ -43,6 +43,14 @@ def smoke(spec: Spec) -> Spec:
     )
 
 
+def load_spec(config: str, overrides: list[str] | tuple[str, ...] = (), *, tiny: bool = False) -> Spec:
+    """The spec a sweep runs: the file, then --smoke's budgets, then the --set overrides (they win)."""
+    spec = spec_mod.load(config, overrides)
+    if not tiny:
+        return spec
+    return spec_mod.from_dict(spec_mod.apply_overrides(spec_mod.to_dict(smoke(spec)), overrides))
+
+
 def run(spec: Spec, paths: runtime.RunPaths) -> dict:
     """Both phases, resumable; returns summary.json's content."""
     start = time.monotonic()
@@ -78,6 +86,7 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "trials": len(trials),
         "stopped_early": sum(1 for t in trials if t["status"] == "stopped_early"),
         "scheduler": spec.search.scheduler,
+        "return_judged_by": spec.judged_by,
         "resources": trial_resources(spec),
     }
     runtime.write_json(paths.run_dir / "summary.json", summary)
@@ -143,7 +152,7 @@ def phase2(spec: Spec, paths: runtime.RunPaths, ladder: list[int]) -> tuple[list
           f"(each holds {request})", flush=True)
     stop = {keys.ENV_STEPS: s.max_env_steps}
     if spec.stop.episode_return is not None:
-        stop[keys.EPISODE_RETURN] = spec.stop.episode_return
+        stop[keys.return_key(spec.judged_by)] = spec.stop.episode_return
     tuner = make_tuner(spec, paths, phase="search", subdir="phase2", param_space=_base_params(spec),
                        tune_config=phase2_tune_config(spec, ladder, concurrent), stop=stop,
                        verbose_label="phase 2")
@@ -189,7 +198,7 @@ def _trial_row(trial: Any, spec: Spec) -> dict:
     from rayrl.progress import config_batch_lr
 
     m = trial.last_result or {}
-    ret = keys.lookup(m, keys.EPISODE_RETURN)
+    ret = keys.lookup(m, keys.return_key(spec.judged_by))
     steps = keys.lookup(m, keys.ENV_STEPS)
     target = spec.stop.episode_return
     if trial.status == "ERROR":
@@ -254,13 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         "(doubling.csv, trials.csv, best_config.yaml, summary.json). The same command again resumes."))
     add_run_args(parser, default_config="experiments/configs/cartpole_ppo.yaml")
     parser.add_argument("--smoke", action="store_true", help="tiny budgets: the whole sweep in about 3 minutes "
-                        "on 2 cores")
+                        "on 2 cores (--set overrides still apply on top)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray (default: all)")
     args = parser.parse_args(argv)
     try:
-        spec = spec_mod.load(args.config, args.overrides)
-        if args.smoke:
-            spec = smoke(spec)
+        spec = load_spec(args.config, args.overrides, tiny=args.smoke)
         paths = runtime.resolve(args.storage, args.name or spec.name)
     except SpecError as exc:
         sys.stderr.write(textwrap.fill(f"sweep: error: {exc}", width=100) + "\n")
@@ -279,7 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     best = summary["best"]
     if best is None:
-        print(f"[sweep] no phase-2 trial reported a return; see {paths.run_dir}/phase2", flush=True)
+        what = "evaluation" if spec.judged_by == "evaluation" else "episode"
+        print(f"[sweep] no phase-2 trial finished an {what} within search.max_env_steps "
+              f"({spec.search.max_env_steps:,}), so there is no return to pick the best by; raise "
+              f"search.max_env_steps (episodes of this env may be long) and see {paths.run_dir}/phase2", flush=True)
         return 1
     print(f"[sweep] done in {summary['wall_s']:.0f}s: knee {summary['knee_batch_size']}, best batch "
           f"{best['batch_size']} lr {best['lr']:.2e} return {best['episode_return_mean']:.1f}; "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,8 @@ def stop_criteria(spec: Spec) -> dict[str, float]:
     stop: dict[str, float] = {}
     if spec.stop.env_steps is not None:
         stop[keys.ENV_STEPS] = spec.stop.env_steps
-    if spec.stop.episode_return is not None:
-        stop[keys.EPISODE_RETURN] = spec.stop.episode_return
+    if spec.stop.episode_return is not None:  # NaN (no episode or evaluation yet) never stops a run
+        stop[keys.return_key(spec.judged_by)] = spec.stop.episode_return
     if spec.stop.wall_s is not None:
         stop[keys.TIME_TOTAL] = spec.stop.wall_s
     return stop
@@ -114,7 +115,10 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "error": str(result.error).splitlines()[0] if result.error else None,
         "iterations": metrics.get(keys.ITERATION),
         "env_steps": keys.lookup(metrics, keys.ENV_STEPS),
-        "episode_return_mean": keys.lookup(metrics, keys.EPISODE_RETURN),
+        "episode_return_mean": _finite(keys.lookup(metrics, keys.return_key(spec.judged_by))),
+        "train_return": _finite(keys.lookup(metrics, keys.TRAIN_RETURN)),
+        "eval_return": _finite(keys.lookup(metrics, keys.EVAL_RETURN)),
+        "return_judged_by": spec.judged_by,
         "wall_s": round(time.monotonic() - start, 2),
         "time_total_s": metrics.get(keys.TIME_TOTAL),
         "backend": keys.lookup(metrics, keys.BACKEND),
@@ -125,6 +129,11 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
     }
     runtime.write_json(paths.run_dir / "summary.json", summary)
     return summary
+
+
+def _finite(value: Any) -> float | None:
+    """A return for summary.json: None where no episode (or evaluation) finished."""
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def trial_resources(spec: Spec) -> dict:

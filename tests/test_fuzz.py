@@ -159,7 +159,7 @@ def test_mutated_shipped_configs_only_raise_spec_error_naming_the_field(data):
 
 @fuzz(100)
 @given(st.lists(st.text(max_size=24) | st.sampled_from(["algo.lr=1e-4", "algo=3", "algo.lr.x=1", "=1", "a..b=1",
-                                                          "algo.hidden=[1,", "stop={}", "env.id=!!python/none"]),
+                                                          "model.hidden=[1,", "stop={}", "env.id=!!python/none"]),
                 max_size=4),
        st.binary(max_size=200) | st.text(max_size=200))
 def test_spec_files_and_overrides_only_raise_spec_error(tmp_path, overrides, content):

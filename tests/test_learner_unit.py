@@ -79,7 +79,8 @@ class SGDPPOLearner(L.RayrlPPOLearner):
 def make_learner(precision="fp32", K=1, grad_clip=0.0, lr=0.05, learner_cls=None, kl_loss=True, **settings):
     spec = from_dict({
         "algo": {"train_batch_per_learner": 64, "minibatch_size": 16, "epochs": 1, "lr": lr,
-                 "grad_clip": grad_clip, "hidden": [32, 32]},
+                 "grad_clip": grad_clip},
+        "model": {"hidden": [32, 32]},
         "resources": {"env_runners": 0},
         "precision": {"mode": precision, "accumulation_steps": K,
                       "max_nonfinite_steps": settings.pop("max_nonfinite_steps", 10)},

@@ -43,11 +43,11 @@ def test_shipped_configs_cover_the_three_algorithms_and_a_gpu_preset():
 
 
 def test_overrides_parse_yaml_values_and_nest():
-    data = S.apply_overrides({"algo": {"lr": 1e-3}}, ["algo.lr=1e-4", "algo.hidden=[32, 32]",
+    data = S.apply_overrides({"algo": {"lr": 1e-3}}, ["algo.lr=1e-4", "model.hidden=[32, 32]",
                                                       "search.doubling.cap=8192", "stop.wall_s=null"])
     spec = S.from_dict(data)
     assert spec.algo.lr == pytest.approx(1e-4)
-    assert spec.algo.hidden == [32, 32]
+    assert spec.model.hidden == [32, 32]
     assert spec.search.doubling.cap == 8192
     assert spec.stop.wall_s is None
 
@@ -87,7 +87,18 @@ BAD = [
     ({"algo": {"name": "DQNN"}}, "algo.name", "PPO, APPO, IMPALA"),
     ({"algo": {"name": "ppo"}}, "algo.name", "did you mean 'PPO'"),
     ({"algo": {"gamma": 1.5}}, "algo.gamma", "<= 1"),
-    ({"algo": {"hidden": [64, 0]}}, "algo.hidden", "positive integers"),
+    ({"model": {"hidden": [64, 0]}}, "model.hidden", "positive integers"),
+    ({"algo": {"hidden": [64, 64]}}, "algo.hidden", "valid keys in algo"),
+    ({"model": {"activation": "sigmoid"}}, "model.activation", "tanh, relu, silu, elu, linear"),
+    ({"model": {"conv_filters": [[16, [8, 8], 4], [32, 4, 2]]}}, "model.conv_filters[1]", "[out_channels, "),
+    ({"model": {"conv_filters": [[0, [8, 8], 4]]}}, "model.conv_filters[0]", "positive integers"),
+    ({"model": {"lstm": "yes"}}, "model.lstm", "not true or false"),
+    ({"model": {"lstm_cell_size": 0}}, "model.lstm_cell_size", ">= 1"),
+    ({"model": {"normalise_obs": True}}, "model.normalise_obs", "did you mean 'normalize_obs'"),
+    ({"evaluation": {"interval": -1}}, "evaluation.interval", ">= 0"),
+    ({"evaluation": {"episodes": 0}}, "evaluation.episodes", ">= 1"),
+    ({"evaluation": {"judge": "eval"}}, "evaluation.judge", "evaluation, training"),
+    ({"evaluation": {"deterministic": 1}}, "evaluation.deterministic", "not true or false"),
     ({"algo": {"epochs": True}}, "algo.epochs", "not an integer"),
     ({"env": {"id": "CartPol-v1"}}, "env.id", "did you mean 'CartPole-v1'"),
     ({"env": {"id": "no_such_module_xyz:make"}}, "env.id", "cannot be imported"),

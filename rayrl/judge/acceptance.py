@@ -130,9 +130,9 @@ def check_loss(losses: dict[str, Sequence[float]], t: Thresholds = Thresholds(),
                  PASS if n == 0 else FAIL)
 
 
-def check_return(final_return: float | None, target: float | None) -> Check:
-    """Final mean episode return >= the target."""
-    name = "episode return (final)"
+def check_return(final_return: float | None, target: float | None, judged_by: str = "training") -> Check:
+    """Final mean episode return (training or evaluation, as the spec judges) >= the target."""
+    name = "episode return (final)" if judged_by == "training" else "evaluation return (final)"
     if target is None:
         return Check("reward", name, "target", "no target: spec stop.episode_return is null", NA)
     thr = f">= {target:g}"

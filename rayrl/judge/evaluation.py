@@ -108,9 +108,10 @@ def evaluate(run: RunFolder, baseline: RunFolder | None = None, t: Thresholds | 
     checks.append(check_loss(losses, t))
 
     target = t.episode_return if t.episode_return is not None else run.target_return
-    returns = subject["episode_return_mean"].dropna()
-    checks.append(check_return(float(returns.iloc[-1]) if not returns.empty else None, target))
-    checks.append(check_stability(subject["episode_return_mean"], t))
+    column = run.return_column  # the evaluation return when the spec judges by it
+    returns = subject[column].dropna()
+    checks.append(check_return(float(returns.iloc[-1]) if not returns.empty else None, target, run.judged_by))
+    checks.append(check_stability(subject[column], t))
 
     if baseline is None and run.kind == "train":
         checks.append(check_cost(None, None, "no baseline: pass --baseline RUN_DIR (a sweep, whose first rung is "

@@ -60,6 +60,8 @@ def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseli
                           f"{_fmt(best.get('episode_return_mean'), '.1f')} after "
                           f"{_fmt(best.get('env_steps'), ',.0f')} env steps"),
                  ("trials", _fmt(s.get("trials"))), ("stopped early", _fmt(s.get("stopped_early")))]
+    rows.append(("return judged by", f"{run.judged_by} (history.csv {run.return_column}: best trial, stop "
+                                     "criterion, reward part)"))
     rows += [("env steps", _fmt(s.get("env_steps_total", s.get("env_steps")), ",.0f")),
              ("wall time (s)", _fmt(s.get("wall_s"), ",.0f"))]
     if baseline is not None:

@@ -69,6 +69,17 @@ class RunFolder:
         """The spec's stop.episode_return (the reward acceptance target), or None."""
         return self.sections["stop"].episode_return
 
+    @property
+    def judged_by(self) -> str:
+        """The return the run was ranked and stopped by (see rayrl.spec.EvaluationSpec.judge)."""
+        e = self.sections["evaluation"]
+        return "evaluation" if e.interval > 0 and e.judge == "evaluation" else "training"
+
+    @property
+    def return_column(self) -> str:
+        """history.csv's column of the judged return."""
+        return "eval_return_mean" if self.judged_by == "evaluation" else "episode_return_mean"
+
 
 def load(path: str | Path) -> RunFolder:
     """Parse and check a run folder; raise :class:`RunFolderError` naming what is wrong."""
@@ -245,7 +256,8 @@ def _spec_sections(path: Path, spec: dict) -> dict[str, Any]:
             raise RunFolderError(f"{path}: {section} = {value!r} is not a section of key: value pairs; the file is "
                                  "damaged.")
     classes = {"resources": spec_mod.ResourcesSpec, "stop": spec_mod.StopSpec, "search": spec_mod.SearchSpec,
-               "cost": spec_mod.CostSpec, "acceptance": spec_mod.AcceptanceSpec}
+               "cost": spec_mod.CostSpec, "acceptance": spec_mod.AcceptanceSpec,
+               "evaluation": spec_mod.EvaluationSpec}
     try:
         return {name: spec_mod.build_section(cls, spec.get(name), name) for name, cls in classes.items()}
     except spec_mod.SpecError as exc:

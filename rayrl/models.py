@@ -1,0 +1,44 @@
+"""The spec's ``model`` section -> RLlib's DefaultModelConfig (and the observation filter).
+
+RLlib builds the network from this (MLP, CNN for image observations, LSTM, Gaussian heads for
+continuous actions); rayrl only names the few knobs a user needs and fills the CNN default for
+preprocessed Atari frames, so a spec never has to know RLlib's catalog.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rayrl.spec import ModelSpec
+
+#: RLlib's own default for 84x84 frames (ray.rllib.models.utils.get_filter_config), written out so
+#: the spec table and a run's spec.yaml say what ran.
+ATARI_CONV_FILTERS = [[16, [8, 8], 4], [32, [4, 4], 2], [256, [11, 11], 1]]
+
+
+def model_config(model: ModelSpec, *, atari: bool = False) -> dict[str, Any]:
+    """DefaultModelConfig keys for ``model`` (``atari``: the env is a preprocessed ALE env)."""
+    filters = model.conv_filters if model.conv_filters is not None else (ATARI_CONV_FILTERS if atari else None)
+    out: dict[str, Any] = {
+        "fcnet_hiddens": list(model.hidden),
+        "fcnet_activation": model.activation,
+        "conv_activation": model.conv_activation,
+        "vf_share_layers": model.vf_share_layers,
+        "use_lstm": model.lstm,
+        "lstm_cell_size": model.lstm_cell_size,
+        "max_seq_len": model.max_seq_len,
+        "free_log_std": model.free_log_std,
+    }
+    if filters is not None:
+        out["conv_filters"] = [[int(c), [int(k) for k in kernel], int(s)] for c, kernel, s in filters]
+    return out
+
+
+def obs_filter(env: Any = None, spaces: Any = None, device: Any = None) -> Any:
+    """The env-to-module connector piece for ``model.normalize_obs``: a running mean/std filter.
+
+    RLlib checkpoints its state and merges it across env runners after every iteration.
+    """
+    from ray.rllib.connectors.env_to_module.mean_std_filter import MeanStdFilter
+
+    return MeanStdFilter(multi_agent=False)
