@@ -51,7 +51,8 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
         self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
-        obs, _ = self._pool.reset(seed=seed) if seed is not None else self._pool.reset()
+        """EnvPool seeds its envs when the pool is made (``seed``); a reset's seed is not used."""
+        obs, _ = self._pool.reset()
         return obs, {}
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
