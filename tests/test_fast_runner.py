@@ -36,19 +36,24 @@ def runner(cls, cfg):
     return cls(config=cfg, worker_index=1)
 
 
-def gae(cfg, env_runner, eps):
-    """PPO's learner connector with its GAE piece, on a copy of ``eps``: advantages, value targets."""
+def gae_for(cfg, env_runner):
+    """PPO's learner connector with its GAE piece: episodes -> advantages, value targets (and the batch)."""
     from ray.rllib.connectors.learner import GeneralAdvantageEstimation
     from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
     env = env_runner.env
-    torch.manual_seed(123)  # the same value-function weights for both runners' episodes
+    torch.manual_seed(123)  # one value function for both runners' episodes
     module = cfg.get_multi_rl_module_spec(env=env.unwrapped, spaces=env_runner.get_spaces()).build()
     pipe = cfg.build_learner_connector(input_observation_space=env.single_observation_space,
                                        input_action_space=env.single_action_space)
     pipe.append(GeneralAdvantageEstimation(gamma=cfg.gamma, lambda_=cfg.lambda_))
-    batch = pipe(rl_module=module, batch={}, episodes=copy.deepcopy(eps), shared_data={}, metrics=MetricsLogger())
-    return {k: v.numpy() for k, v in batch["default_policy"].items()}
+
+    def run(eps):
+        eps = sorted(copy.deepcopy(eps), key=lambda e: (e.t_started, len(e), e.get_observations(0)[0]))
+        batch = pipe(rl_module=module, batch={}, episodes=eps, shared_data={}, metrics=MetricsLogger())
+        return {k: v.numpy() for k, v in batch["default_policy"].items()}
+
+    return run
 
 
 def by_key(eps):
@@ -113,6 +118,7 @@ def test_fast_runner_samples_exactly_what_rllibs_runner_samples():
     fast = runner(FastEnvRunner, cfg)
     assert fast.fast_off_reason is None
     fast.module.set_state(ref.module.get_state())
+    gae = gae_for(cfg, ref)
     terminated = truncated = cut = 0
     for it in range(3):
         torch.manual_seed(it)
@@ -136,8 +142,7 @@ def test_fast_runner_samples_exactly_what_rllibs_runner_samples():
         steps = sum(len(e) for e in b)
         assert steps == sum(len(e) for e in a) and 512 <= steps < 512 + 8
         # What PPO learns from: advantages and value targets (bootstrapped at truncations and cuts).
-        ga, gb = gae(cfg, ref, sorted(a, key=lambda e: (e.t_started, len(e), e.get_observations(0)[0]))), \
-            gae(cfg, fast, sorted(b, key=lambda e: (e.t_started, len(e), e.get_observations(0)[0])))
+        ga, gb = gae(a), gae(b)
         for col in ("advantages", "value_targets", "obs", "truncateds", "terminateds"):
             np.testing.assert_allclose(ga[col], gb[col], atol=1e-5, err_msg=col)
     assert terminated > 5 and truncated > 5 and cut > 0  # every kind of end was exercised
