@@ -86,7 +86,8 @@ class FastEnvRunner(SingleAgentEnvRunner):
                 raise ValueError(f"env.backend envpool needs an EnvPool id, not a factory ({env_id!r})")
             return None
         if self.backend == "envpool":
-            return backends.EnvPoolVectorEnv(env_id, n, cfg, seed=self._seed)
+            seed = self._seed if self._seed is not None else (self.worker_index or 0)  # runners differ
+            return backends.EnvPoolVectorEnv(env_id, n, cfg, seed=seed)
         return backends.gymnasium_vector(env_id, n, cfg)
 
     def _why_not_fast(self) -> str | None:
