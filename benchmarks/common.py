@@ -1,9 +1,7 @@
-"""Shared pieces of the benchmarks: the two contenders, a local Ray, timed iterations, tables, JSON.
+"""Shared pieces of the benchmarks: specs, a local Ray, timed iterations, tables, JSON.
 
-The contenders are always built the same way: RLlib's default PPO for CartPole-v1
-(``PPOConfig().environment("CartPole-v1")``, nothing else changed) and rayrl's spec through
-:func:`rayrl.algo.build_config`. Both are measured in the driver with the same clock
-(``time.perf_counter`` around ``Algorithm.train()``), so Tune is not part of either figure.
+Every RLlib-based contender (see contenders.py) is measured in the driver with the same clock
+(``time.perf_counter`` around ``Algorithm.train()``), so Tune is not part of any figure.
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "experiments" / "configs" / "cartpole_ppo.yaml"
 ENV_ID = "CartPole-v1"
 TARGET_RETURN = 450.0
-#: Episodes in the mean return that decides "reached the target", for both contenders (rayrl's own).
+#: Episodes in the mean return that decides "reached the target", for every contender (rayrl's own).
 RETURN_WINDOW = 20
 
 
@@ -53,7 +51,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-#: Torch threads of the driver, where both contenders learn (RLlib's local learner). A Tune trial
+#: Torch threads of the driver, where every RLlib contender learns (its local learner). A Tune trial
 #: holding 1 CPU gets OMP_NUM_THREADS=1 from Ray, so 1 matches how rayrl's trials run; on a busy
 #: 2-core machine 2 threads also make small-batch SGD several times slower (docs/benchmarks.md).
 TORCH_THREADS = 1
@@ -61,7 +59,7 @@ TORCH_THREADS = 1
 
 def add_torch_threads(parser: Any) -> None:
     parser.add_argument("--torch-threads", type=int, default=TORCH_THREADS,
-                        help="torch threads in the driver, where both contenders learn (default %(default)s: "
+                        help="torch threads in the driver, where the contenders learn (default %(default)s: "
                         "what a 1-CPU Tune trial gets)")
 
 
@@ -100,19 +98,7 @@ def quiet() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-# ---- the contenders ---------------------------------------------------------------------------
-
-def rllib_default_config(seed: int | None = None, return_window: int | None = None) -> Any:
-    """RLlib's default PPO for CartPole-v1; ``seed`` and the reporting window only if given."""
-    from ray.rllib.algorithms.ppo import PPOConfig
-
-    config = PPOConfig().environment(ENV_ID)
-    if seed is not None:
-        config = config.debugging(seed=seed)
-    if return_window is not None:
-        config = config.reporting(metrics_num_episodes_for_smoothing=return_window)
-    return config
-
+# ---- specs ------------------------------------------------------------------------------------
 
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Any:
     """A rayrl spec from YAML (a config or a sweep's best_config.yaml), with ``--set`` overrides."""

@@ -50,8 +50,8 @@ DRIVER_PHASES = {
 }
 RUNNER_PHASES = {
     "sample_total": ("rllib/env/single_agent_env_runner.py", "sample"),
-    "env_step": ("gymnasium/vector/sync_vector_env.py", "step"),
-    "module_forward": ("rllib/core/rl_module/", "forward_exploration"),
+    "env_step": ("gymnasium/", "step"),  # the outermost vector env's step (SyncVectorEnv, a wrapper, numpy)
+    "module_forward": ("rllib/core/rl_module/", "_forward"),  # what both runners call, under its wrappers
     "env_to_module_connectors": ("rllib/connectors/env_to_module/env_to_module_pipeline.py", "__call__"),
 }
 #: module-to-env has no __call__ of its own: the generic pipeline's, called from the runner itself

@@ -1,24 +1,25 @@
-"""Env steps per second on CartPole-v1 with PPO: the rollout limit, RLlib's default, rayrl at the knee.
+"""Env steps per second, side by side: the bare loop, sampling alone, and end to end (PPO, CartPole-v1).
 
-Three contenders, measured side by side in one run, their order rotated round by round so load
-from other jobs on a shared machine hits all of them alike:
+Three measurements in one run, each contender's order rotated round by round so load from other
+jobs on a shared machine hits all alike; figures are medians over every measured sample.
 
-* ``limit``: the rollout limit on one core. gymnasium's numpy-vectorised CartPole
-  (``CartPoleVectorEnv``, as many envs as rayrl's runner) stepped with the forward pass of the
-  same policy network rayrl trains (RLlib's PPO RLModule) and sampled actions; no learning, no
-  Ray, one torch thread.
-* ``rllib_default``: ``PPOConfig().environment("CartPole-v1")``, defaults untouched.
-* ``rayrl``: rayrl's spec (``--config``) at the knee of the doubling rule. Full mode runs the
-  ladder as a sweep's phase 1 does (``rayrl.sweep.phase1``, Tune trials); ``--doubling FILE``
-  reads a sweep's doubling.csv / summary.json instead; ``--quick`` measures a small fixed ladder.
+* **the limit** (no Ray, no learning, one core): gymnasium's numpy-vectorised env stepped by the
+  forward pass of the same policy network and sampled actions: ``limit`` at rayrl's env count,
+  ``limit_best`` at the best of a few env counts.
+* **sampling alone** (in-process, one core, the same config, weights and env): RLlib's
+  SingleAgentEnvRunner on the same numpy-vectorised env as the fast runner (``rllib_runner``),
+  on its default SyncVectorEnv (``rllib_runner_sync``), and rayrl's fast runner (``fast_runner``).
+* **end to end** (driver-timed ``train()``, or SB3's ``learn()``): the contenders of
+  ``contenders.py``: ``rllib_same_settings``, ``rllib_tuned_example``, ``sb3_zoo``, ``rayrl``
+  (``env.runner: rllib``) and ``rayrl_fast`` (``env.runner: fast``). RLlib's tuned example and SB3
+  use their own settings: their ratios to rayrl compare settings, not platforms.
 
-RLlib's default and rayrl are built in the driver and timed the same way: wall time around
-``Algorithm.train()``, env steps from ``num_env_steps_sampled_lifetime``; the figure is the median
-over every measured iteration of every round.
+rayrl's settings are the spec's (``--config``) at its batch, or at ``--batch``, or at the knee of a
+sweep's ladder (``--doubling``), or of a ladder run here as a sweep's phase 1 does (``--ladder``).
 
-    python benchmarks/throughput.py                   # full: ladder + 3 rounds, about 5 minutes on 2 cores
-    python benchmarks/throughput.py --quick           # smoke test, about a minute
-    python benchmarks/throughput.py --doubling runs/cartpole-ppo/doubling.csv --out throughput.json
+    python benchmarks/throughput.py --out throughput.json     # 3 rounds, about 5 minutes on 2 cores
+    python benchmarks/throughput.py --quick                    # 1 round, short samples: a smoke test
+    python benchmarks/throughput.py --ladder --out t.json      # the doubling ladder first (+3 minutes)
 """
 
 from __future__ import annotations
@@ -28,33 +29,28 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
+import contenders as K  # noqa: E402
 
-GOAL_RATIO = 2.5  #: rayrl / RLlib default, the issue's target
-CONTENDERS = ("limit", "rllib_default", "rayrl")
-QUICK_LADDER = (1024, 2048)
+SAMPLING = ("rllib_runner", "rllib_runner_sync", "fast_runner")
+END_TO_END = ("rllib_same_settings", "rllib_tuned_example", "sb3_zoo", "rayrl", "rayrl_fast")
+GOALS = {"fast_over_rllib_runner": 2.0, "fast_over_limit": 0.70, "rayrl_fast_over_rllib_same_settings": 1.6}
 
 
 def rollout_limit(spec: Any, num_envs: int, seconds: float, seed: int = 0, chunk_s: float = 0.5) -> list[float]:
-    """Env steps/s of a numpy-vectorised CartPole stepped by the policy's forward pass, one core.
-
-    Returns one figure per ``chunk_s`` of stepping (their median is the limit).
-    """
+    """Env steps/s of the numpy-vectorised env stepped by the policy's forward pass, one core; one figure a chunk."""
     import gymnasium as gym
     import torch
 
-    env = gym.make_vec(spec.env.id, num_envs=num_envs, vectorization_mode="vector_entry_point")
-    config = C.rayrl_config(spec)
-    module = config.get_rl_module_spec(
+    env = gym.make_vec(spec.env.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **spec.env.config)
+    module = K.rayrl(spec, "rllib").get_rl_module_spec(
         spaces={"default_policy": (env.single_observation_space, env.single_action_space)}).build()
     module.eval()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     torch.manual_seed(seed)
     out: list[float] = []
     try:
@@ -70,190 +66,220 @@ def rollout_limit(spec: Any, num_envs: int, seconds: float, seed: int = 0, chunk
                 steps += num_envs
             out.append(steps / (time.perf_counter() - t0))
     finally:
-        torch.set_num_threads(threads)
         env.close()
     return out
 
 
-# ---- the knee ----------------------------------------------------------------------------------
+def sampling_runners(spec: Any) -> dict[str, Any]:
+    """RLlib's runner (numpy env and SyncVectorEnv) and the fast runner, in-process, equal weights."""
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
-def run_ladder(spec: Any, storage: Path) -> tuple[int, list[dict]]:
-    """The doubling ladder exactly as a sweep's phase 1 runs it (Tune trials, rayrl's searcher)."""
-    from rayrl import runtime, sweep, throughput
+    from rayrl.sampling.fast_runner import FastEnvRunner
 
-    paths = runtime.resolve(str(storage), "throughput-ladder")
-    rows, _ = sweep.phase1(spec, paths)
-    knee = throughput.knee(rows)
-    if knee is None:
-        raise SystemExit(f"the ladder's first rung failed; see {paths.run_dir / 'phase1'}")
-    return knee, C.ladder_dicts(rows)
+    def make(cls: type, runner: str, mode: str) -> Any:
+        config = K.rayrl(spec, runner).env_runners(gym_env_vectorize_mode=mode)
+        return cls(config=config, worker_index=1)
 
-
-def quick_ladder(spec: Any, min_gain: float) -> tuple[int, list[dict]]:
-    """A small fixed ladder measured in the driver (1 warm-up + 1 timed iteration a rung)."""
-    from rayrl import throughput
-
-    rungs = []
-    for batch in QUICK_LADDER:
-        timed = C.run_iterations(C.rayrl_config(C.spec_at_batch(spec, batch)), warmup=1, iters=1)
-        rungs.append(throughput.Rung(batch, C.median(timed.sps)))
-    rows = throughput.decide(rungs, factor=2, cap=QUICK_LADDER[-1], min_gain=min_gain)
-    return throughput.knee(rows) or QUICK_LADDER[0], C.ladder_dicts(rows)
+    runners = {"rllib_runner": make(SingleAgentEnvRunner, "rllib", "vector_entry_point"),
+               "rllib_runner_sync": make(SingleAgentEnvRunner, "rllib", "sync"),
+               "fast_runner": make(FastEnvRunner, "fast", "sync")}
+    state = runners["rllib_runner"].module.get_state()
+    for r in runners.values():
+        r.module.set_state(state)
+    return runners
 
 
-# ---- the side-by-side rounds -------------------------------------------------------------------
+def sample_sps(env_runner: Any, steps: int, seconds: float) -> list[float]:
+    """Env steps/s of ``sample(num_timesteps=steps)`` calls for about ``seconds``; one figure a call."""
+    out: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or not out:
+        t0 = time.perf_counter()
+        n = sum(len(e) for e in env_runner.sample(num_timesteps=steps, explore=True))
+        out.append(n / (time.perf_counter() - t0))
+    return out
 
-def measure(args: argparse.Namespace, spec_knee: Any) -> dict[str, dict]:
-    """Rounds of all three contenders, order rotated each round; per-contender samples."""
-    res: dict[str, dict] = {c: {"sps": [], "round_median": [], "timers": [], "build_s": []} for c in CONTENDERS}
-    for rnd in range(args.rounds):
-        order = CONTENDERS[rnd % 3:] + CONTENDERS[:rnd % 3]
-        for name in order:
-            if name == "limit":
-                sps = rollout_limit(spec_knee, args.limit_envs, args.limit_seconds, seed=rnd)
-                timers: list[dict] = []
-                build = 0.0
-            else:
-                config = (C.rllib_default_config() if name == "rllib_default" else C.rayrl_config(spec_knee))
-                iters = args.default_iters if name == "rllib_default" else args.rayrl_iters
-                timed = C.run_iterations(config, warmup=args.warmup, iters=iters)
-                sps, timers, build = timed.sps, timed.timers, timed.build_s
-            r = res[name]
-            r["sps"] += sps
-            r["round_median"].append(C.median(sps))
-            r["timers"] += timers
-            r["build_s"].append(build)
-            C.say(f"[round {rnd + 1}/{args.rounds}] {name:<14} {C.median(sps):>10,.0f} env steps/s "
-                  f"({len(sps)} samples)")
-    return res
+
+def end_to_end(name: str, spec: Any, args: argparse.Namespace) -> tuple[list[float], dict]:
+    """Per-iteration env steps/s of one contender (built, warmed up, timed, stopped)."""
+    if name == "sb3_zoo":
+        model = K.sb3_zoo(seed=spec.seed)
+        chunk = 8 * 32 * 4  # 4 rollouts + updates a sample, about an RLlib iteration's work
+        K.sb3_learn(model, chunk * args.warmup)
+        sps = []
+        for _ in range(args.iters):
+            r = K.sb3_learn(model, chunk)
+            sps.append(r["env_steps"] / r["wall_s"])
+        return sps, {}
+    config = {"rllib_same_settings": lambda: K.rllib_same_settings(spec),
+              "rllib_tuned_example": lambda: K.rllib_tuned_example(seed=spec.seed),
+              "rayrl": lambda: K.rayrl(spec, "rllib"), "rayrl_fast": lambda: K.rayrl(spec, "fast")}[name]()
+    timed = C.run_iterations(config, warmup=args.warmup, iters=args.iters)
+    return timed.sps, timer_medians(timed.timers)
 
 
 def timer_medians(timers: list[dict]) -> dict[str, float]:
-    """Median seconds per iteration of RLlib's per-phase timers (sampling, learner update, ...)."""
-    names = ("env_runner_sampling_timer", "learner_update_timer", "synch_weights", "training_step",
-             "training_iteration")
+    names = ("env_runner_sampling_timer", "learner_update_timer", "training_iteration")
     return {n: C.median([t.get(n, float("nan")) for t in timers]) for n in names if timers}
+
+
+def rounds(names: tuple[str, ...], n: int, measure: Callable[[str, int], list[float]]) -> dict[str, list[list[float]]]:
+    """``n`` rounds of every contender, the order rotated each round; per contender, per round samples."""
+    out: dict[str, list[list[float]]] = {c: [] for c in names}
+    for rnd in range(n):
+        k = rnd % len(names)
+        for name in names[k:] + names[:k]:
+            sps = measure(name, rnd)
+            out[name].append(sps)
+            C.say(f"[round {rnd + 1}/{n}] {name:<20} {C.median(sps):>10,.0f} env steps/s ({len(sps)} samples)")
+    return out
+
+
+def knee_spec(spec: Any, args: argparse.Namespace) -> tuple[Any, str, list[dict]]:
+    if args.batch:
+        return C.spec_at_batch(spec, args.batch), f"--batch {args.batch}", []
+    if args.doubling:
+        knee, ladder = C.read_knee(args.doubling)
+        return C.spec_at_batch(spec, knee), f"knee of {args.doubling}", ladder
+    if args.ladder:
+        from rayrl import runtime, sweep, throughput
+
+        storage = args.ladder_storage or Path(tempfile.mkdtemp(prefix="rayrl-bench-ladder-"))
+        rows, _ = sweep.phase1(spec, runtime.resolve(str(storage), "throughput-ladder"))
+        knee = throughput.knee(rows)
+        if knee is None:
+            raise SystemExit(f"the ladder's first rung failed; see {storage}")
+        return C.spec_at_batch(spec, knee), f"knee of the doubling ladder run in {storage}", C.ladder_dicts(rows)
+    return spec, "the spec's batch", []
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="a fixed 2-rung ladder, 1 round: a smoke test")
+    p.add_argument("--quick", action="store_true", help="1 round, short samples: a smoke test")
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
     p.add_argument("--config", type=Path, default=C.DEFAULT_CONFIG, help="rayrl spec (default: %(default)s)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
-                   help="override a spec field, e.g. --set env.envs_per_runner=16")
-    p.add_argument("--doubling", type=Path, help="a sweep's doubling.csv, summary.json or run folder: take its "
-                   "knee instead of running the ladder")
-    p.add_argument("--batch", type=int, help="take this batch as the knee (no ladder)")
+                   help="override a spec field, e.g. --set env.envs_per_runner=32")
+    p.add_argument("--batch", type=int, help="rayrl's train batch (default: the spec's)")
+    p.add_argument("--doubling", type=Path, help="take the knee of a sweep's doubling.csv, summary.json or run folder")
+    p.add_argument("--ladder", action="store_true", help="run the doubling ladder (a sweep's phase 1) for the knee")
     p.add_argument("--ladder-storage", type=Path, help="where the ladder's run folder goes (default: a temp dir)")
     p.add_argument("--rounds", type=int, help="side-by-side rounds (default 3; quick 1)")
-    p.add_argument("--warmup", type=int, help="untimed iterations after each build (default 1; quick 0)")
-    p.add_argument("--default-iters", type=int, help="timed RLlib-default iterations a round (default 3; quick 1)")
-    p.add_argument("--rayrl-iters", type=int, help="timed rayrl iterations a round (default 5; quick 2)")
-    p.add_argument("--limit-seconds", type=float, help="seconds of rollout-limit stepping a round "
-                   "(default 3; quick 1)")
-    p.add_argument("--limit-envs", type=int, help="vectorised envs of the limit (default: the spec's "
-                   "env.envs_per_runner)")
+    p.add_argument("--warmup", type=int, help="untimed end-to-end iterations after each build (default 1; quick 1)")
+    p.add_argument("--iters", type=int, help="timed end-to-end iterations a round (default 4; quick 2)")
+    p.add_argument("--limit-seconds", type=float, help="seconds of bare-loop stepping a round (default 3; quick 1)")
+    p.add_argument("--limit-envs", type=int, nargs="+", help="env counts tried for limit_best (default 8 32 128 512)")
+    p.add_argument("--sample-seconds", type=float, help="seconds of runner sampling a round (default 4; quick 2)")
+    p.add_argument("--skip", nargs="+", default=[], choices=END_TO_END, help="end-to-end contenders to leave out")
     C.add_torch_threads(p)
     args = p.parse_args(argv)
     q = args.quick
     args.rounds = C.mode_default(args.rounds, 1, 3, q)
-    args.warmup = C.mode_default(args.warmup, 0, 1, q)
-    args.default_iters = C.mode_default(args.default_iters, 1, 3, q)
-    args.rayrl_iters = C.mode_default(args.rayrl_iters, 2, 5, q)
+    args.warmup = C.mode_default(args.warmup, 1, 1, q)
+    args.iters = C.mode_default(args.iters, 2, 4, q)
     args.limit_seconds = C.mode_default(args.limit_seconds, 1.0, 3.0, q)
-    for name in ("rounds", "default_iters", "rayrl_iters", "batch", "limit_envs"):
+    args.sample_seconds = C.mode_default(args.sample_seconds, 2.0, 4.0, q)
+    args.limit_envs = C.mode_default(args.limit_envs, [8, 64], [8, 32, 128, 512], q)
+    for name in ("rounds", "iters", "batch"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if args.warmup < 0 or args.limit_seconds <= 0:
-        p.error("--warmup must be >= 0 and --limit-seconds > 0")
+            p.error(f"--{name} must be >= 1, got {value}")
+    if args.warmup < 0 or args.limit_seconds <= 0 or args.sample_seconds <= 0 or min(args.limit_envs) < 1:
+        p.error("--warmup must be >= 0, --limit-seconds and --sample-seconds > 0, --limit-envs >= 1")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     C.quiet()
+    import torch
+
+    torch.set_num_threads(args.torch_threads)
     spec = C.load_spec(args.config, args.overrides)
-    args.limit_envs = args.limit_envs or spec.env.envs_per_runner
     started = time.monotonic()
+    envs = spec.env.envs_per_runner
     with C.local_ray(torch_threads=args.torch_threads):
-        if args.batch:
-            knee, ladder, source = args.batch, [], "--batch"
-        elif args.doubling:
-            (knee, ladder), source = C.read_knee(args.doubling), f"--doubling {args.doubling}"
-        elif args.quick:
-            (knee, ladder), source = quick_ladder(spec, spec.search.doubling.min_gain), \
-                f"quick ladder {list(QUICK_LADDER)} (driver-timed)"
-        else:
-            storage = args.ladder_storage or Path(tempfile.mkdtemp(prefix="rayrl-bench-ladder-"))
-            (knee, ladder), source = run_ladder(spec, storage), f"doubling ladder (sweep phase 1) in {storage}"
-        C.say(f"knee: batch {knee} ({source})")
-        spec_knee = C.spec_at_batch(spec, knee)
-        res = measure(args, spec_knee)
-    figures = {name: C.median(r["sps"]) for name, r in res.items()}
-    report: dict[str, Any] = {
-        "limit_sps": figures["limit"],
-        "rllib_default_sps": figures["rllib_default"],
-        "rayrl_sps": figures["rayrl"],
-        "rayrl_over_rllib_default": C.ratio(figures["rayrl"], figures["rllib_default"]),
-        "rayrl_over_limit": C.ratio(figures["rayrl"], figures["limit"]),
-        "rllib_default_over_limit": C.ratio(figures["rllib_default"], figures["limit"]),
-        "goal_ratio": GOAL_RATIO,
-        "knee_batch_size": knee,
-        "knee_source": source,
-        "ladder": ladder,
-        "contenders": {name: {"sps_median": figures[name], "sps_min": min(r["sps"]), "sps_max": max(r["sps"]),
-                              "samples": len(r["sps"]), "round_medians": r["round_median"],
-                              "build_s_median": C.median(r["build_s"]), "timers_median_s": timer_medians(r["timers"])}
-                       for name, r in res.items()},
+        spec, source, ladder = knee_spec(spec, args)
+        C.say(f"rayrl's settings: batch {spec.algo.train_batch_per_learner} ({source}), {envs} envs a runner")
+        counts = sorted({envs, *args.limit_envs})
+        limit = rounds(tuple(f"limit_{n}" for n in counts), args.rounds,
+                       lambda name, rnd: rollout_limit(spec, int(name.split("_")[1]), args.limit_seconds, seed=rnd))
+        runners = sampling_runners(spec)
+        batch = spec.algo.train_batch_per_learner
+        sampling = rounds(SAMPLING, args.rounds, lambda name, rnd: sample_sps(runners[name], batch, args.sample_seconds))
+        for r in runners.values():
+            r.stop()
+        timers: dict[str, dict] = {}
+
+        def e2e(name: str, rnd: int) -> list[float]:
+            sps, timers[name] = end_to_end(name, spec, args)
+            return sps
+
+        e2e_runs = rounds(tuple(c for c in END_TO_END if c not in args.skip), args.rounds, e2e)
+    report = figures(limit, sampling, e2e_runs, envs)
+    report.update({
+        "timers_median_s": timers, "knee_source": source, "ladder": ladder,
+        "rayrl_spec": {"batch": batch, "minibatch": spec.algo.minibatch_size, "epochs": spec.algo.epochs,
+                       "env_runners": spec.resources.env_runners, "envs_per_runner": envs, "hidden": spec.model.hidden},
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "rayrl_spec": {"batch": knee, "minibatch": spec_knee.algo.minibatch_size, "epochs": spec.algo.epochs,
-                       "env_runners": spec.resources.env_runners, "envs_per_runner": spec.env.envs_per_runner,
-                       "hidden": spec.model.hidden},
-        "machine": C.machine(),
-        "wall_s": round(time.monotonic() - started, 1),
-    }
-    # Load from other jobs drifts: a ratio within one round compares neighbours in time.
-    rounds = [C.ratio(r, d) for r, d in zip(res["rayrl"]["round_median"], res["rllib_default"]["round_median"])]
-    report["round_ratios_rayrl_over_rllib_default"] = rounds
-    report["best_round_sps"] = {name: max(r["round_median"]) for name, r in res.items()}
-    report["best_round_rayrl_over_rllib_default"] = C.ratio(report["best_round_sps"]["rayrl"],
-                                                            report["best_round_sps"]["rllib_default"])
-    report["goal_met"] = bool(report["rayrl_over_rllib_default"] >= GOAL_RATIO)
+        "machine": C.machine(), "wall_s": round(time.monotonic() - started, 1)})
     print_report(report)
     C.write_json(args.out, report)
     return 0
 
 
+def figures(limit: dict, sampling: dict, e2e: dict, envs: int) -> dict[str, Any]:
+    """The JSON's figures: medians over all samples, ratios, goals; per-round medians kept."""
+    med = {name: C.median([x for rnd in runs for x in rnd]) for name, runs in {**limit, **sampling, **e2e}.items()}
+    best_name = max(limit, key=lambda n: med[n])
+    out: dict[str, Any] = {
+        "limit_sps": med[f"limit_{envs}"], "limit_envs": envs,
+        "limit_best_sps": med[best_name], "limit_best_envs": int(best_name.split("_")[1]),
+        **{f"{name}_sps": med[name] for name in (*SAMPLING, *e2e)},
+    }
+    r = C.ratio
+    out["fast_over_rllib_runner"] = r(med["fast_runner"], med["rllib_runner"])
+    out["fast_over_rllib_runner_sync"] = r(med["fast_runner"], med["rllib_runner_sync"])
+    out["fast_over_limit"] = r(med["fast_runner"], out["limit_sps"])
+    out["rllib_runner_over_limit"] = r(med["rllib_runner"], out["limit_sps"])
+    if "rayrl_fast" in e2e and "rllib_same_settings" in e2e:
+        out["rayrl_fast_over_rllib_same_settings"] = r(med["rayrl_fast"], med["rllib_same_settings"])
+        out["rayrl_over_rllib_same_settings"] = r(med.get("rayrl", float("nan")), med["rllib_same_settings"])
+    # Different settings: a comparison of configurations, never a platform result.
+    for other in ("rllib_tuned_example", "sb3_zoo"):
+        if other in e2e and "rayrl_fast" in e2e:
+            out[f"rayrl_fast_over_{other}_different_settings"] = r(med["rayrl_fast"], med[other])
+    out["round_ratios_fast_over_rllib_runner"] = [r(C.median(f), C.median(g)) for f, g in
+                                                  zip(sampling["fast_runner"], sampling["rllib_runner"])]
+    out["goals"] = {k: {"goal": g, "value": out.get(k), "met": bool(out.get(k) is not None and out[k] >= g)}
+                    for k, g in GOALS.items()}
+    out["round_medians"] = {name: [C.median(x) for x in runs] for name, runs in {**limit, **sampling, **e2e}.items()}
+    return out
+
+
 def print_report(report: dict) -> None:
-    if report["ladder"]:
-        C.say("\ndoubling ladder (env steps/s as the sweep measured it):")
-        C.say(C.table(["batch", "env steps/s", "gain", "decision"],
-                      [[r["batch_size"], r["env_steps_per_s"] if r["env_steps_per_s"] is not None else float("nan"),
-                        "" if r["gain"] is None else f"{r['gain']:+.0%}", r["decision"]] for r in report["ladder"]]))
-    labels = {"limit": f"rollout limit ({report['settings']['limit_envs']} numpy envs, 1 core, no learning)",
-              "rllib_default": "RLlib default PPO", "rayrl": f"rayrl at the knee (batch {report['knee_batch_size']})"}
-    rows = []
-    for name in CONTENDERS:
-        c = report["contenders"][name]
-        t = c["timers_median_s"]
-        rows.append([labels[name], c["sps_median"], c["sps_min"], c["sps_max"], c["samples"],
-                     C.ratio(c["sps_median"], report["rllib_default_sps"]),
-                     C.ratio(c["sps_median"], report["limit_sps"]),
-                     t.get("env_runner_sampling_timer", float("nan")), t.get("learner_update_timer", float("nan"))])
-    C.say("\nenv steps/s on CartPole-v1, PPO (median over iterations of all rounds):")
-    C.say(C.table(["contender", "median", "min", "max", "n", "x RLlib default", "x limit", "sample s/iter",
-                   "learn s/iter"], rows))
+    lim = report["limit_sps"]
+    rows = [[f"bare loop, {report['limit_envs']} envs", lim, 1.0, ""],
+            [f"bare loop, best ({report['limit_best_envs']} envs)", report["limit_best_sps"],
+             C.ratio(report["limit_best_sps"], lim), ""]]
+    labels = {"rllib_runner": "RLlib SingleAgentEnvRunner (same numpy env)",
+              "rllib_runner_sync": "RLlib SingleAgentEnvRunner (SyncVectorEnv, its default)",
+              "fast_runner": "rayrl fast runner", "rllib_same_settings": "stock RLlib, rayrl's settings",
+              "rllib_tuned_example": "RLlib tuned example (its settings)", "sb3_zoo": "SB3 + RL Zoo (its settings)",
+              "rayrl": "rayrl, env.runner rllib", "rayrl_fast": "rayrl, env.runner fast"}
+    for name in (*SAMPLING, *END_TO_END):
+        if f"{name}_sps" in report:
+            kind = "sampling" if name in SAMPLING else "end to end"
+            rows.append([labels[name], report[f"{name}_sps"], C.ratio(report[f"{name}_sps"], lim), kind])
+    C.say("\nenv steps/s (median over all samples of all rounds):")
+    C.say(C.table(["contender", "env steps/s", "x bare loop", "what"], rows))
+    for k, g in report["goals"].items():
+        v = g["value"]
+        C.say(f"{k} = {v:.2f} (goal >= {g['goal']}: {'met' if g['met'] else 'MISSED'})" if v is not None
+              else f"{k}: not measured")
+    C.say("fast / RLlib runner within each round: "
+          + ", ".join(f"{x:.2f}" for x in report["round_ratios_fast_over_rllib_runner"]))
     m = report["machine"]
-    C.say(f"\nrayrl / RLlib default = {report['rayrl_over_rllib_default']:.2f} (goal >= {GOAL_RATIO}: "
-          f"{'met' if report['goal_met'] else 'missed'}); rayrl / limit = {report['rayrl_over_limit']:.2f}")
-    best = report["best_round_sps"]
-    C.say("rayrl / RLlib default within each round: "
-          + ", ".join(f"{x:.2f}" for x in report["round_ratios_rayrl_over_rllib_default"])
-          + f"; best rounds: {report['best_round_rayrl_over_rllib_default']:.2f} "
-          f"(rayrl {best['rayrl']:,.0f}, RLlib default {best['rllib_default']:,.0f}, "
-          f"limit {best['limit']:,.0f} env steps/s)")
     C.say(f"machine: {m['nproc']} x {m['cpu_model']}, load {m['load_avg_1m']}; {m['date']}; "
           f"ray {m['ray']}, torch {m['torch']}; {report['wall_s']:.0f} s")
 

@@ -1,25 +1,29 @@
-"""Wall seconds and env steps until CartPole-v1's mean return reaches 450: RLlib's default vs rayrl.
+"""Wall seconds and env steps until CartPole-v1's mean return reaches 450, per contender, on fresh seeds.
 
-For each seed, both contenders train in the driver until the mean episode return reaches the
-target (or a cap): RLlib's default PPO (``PPOConfig().environment("CartPole-v1")`` with only the
-seed set) and rayrl's best config from a sweep (``--best-config``: a sweep's best_config.yaml;
-default experiments/configs/cartpole_ppo.yaml). Seeds are interleaved (A B, B A, ...) so drifting
-load from other jobs hits both alike; the figures are medians over seeds.
+Contenders (``contenders.py``): ``sb3_zoo`` (SB3 + RL Zoo's tuned hyperparameters),
+``rllib_same_settings`` (stock RLlib with rayrl's settings), ``rllib_tuned_example`` (RLlib's tuned
+example), ``rayrl_default`` (``--config``, default experiments/configs/cartpole_ppo.yaml),
+``rayrl_sweep_best`` (the ``best_config.yaml`` of the sweep run folder ``--sweep``) and
+``rayrl_sweep_total`` (that sweep's own wall time and env steps, from its summary.json, plus
+``rayrl_sweep_best``'s per seed: what finding and then training the answer cost). All run in one
+process, one after another, the order rotated seed by seed; seeds start at ``--seed-base`` (1000:
+no sweep or tuning here saw them).
 
-"Reached" is judged on the same number for both: ``env_runners/episode_return_mean`` over the
-last 20 episodes (rayrl's reporting window; RLlib's default window of 100 is set to 20, a
-reporting setting that does not change training). Wall time counts from the first
-``train()`` call (the build, a few seconds of actor start-up, is reported apart). A run that hits
-a cap is censored: its figures are lower bounds, and a median over a censored run says ">=".
+"Reached" is the mean return of the last 20 episodes >= the target, for every contender. Wall
+time counts from the first ``train()`` (``learn()`` for SB3); building the algorithm is reported
+apart. A run that hits a cap is censored: its figures are lower bounds, and a median over one
+says so (``median_is_lower_bound``). SB3 runs within RL Zoo's 1e5 env steps, the horizon its
+linear schedules are tuned for.
 
-    python benchmarks/time_to_reward.py                     # full: 3 seeds each, ~6 minutes on 2 cores (caps: <= 13)
-    python benchmarks/time_to_reward.py --quick             # smoke test: 1 seed, target 60
-    python benchmarks/time_to_reward.py --best-config runs/cartpole-ppo/best_config.yaml --out ttr.json
+    python benchmarks/time_to_reward.py --out ttr.json                       # 3 seeds, ~10 minutes on 2 cores
+    python benchmarks/time_to_reward.py --sweep runs/cartpole-ppo --out ttr.json
+    python benchmarks/time_to_reward.py --quick                               # 1 seed, target 150: a smoke test
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -29,19 +33,38 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common as C  # noqa: E402
+import contenders as K  # noqa: E402
 
-CONTENDERS = ("rllib_default", "rayrl")
+CONTENDERS = ("sb3_zoo", "rllib_same_settings", "rllib_tuned_example", "rayrl_default", "rayrl_sweep_best",
+              "rayrl_sweep_total")
+RUN = CONTENDERS[:-1]  #: the total is derived, not run
+
+
+def random_play(env_id: str, episodes: int = 100, seed: int = 0) -> float:
+    """Mean return of uniformly random actions: the floor a target must be well above."""
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    env.action_space.seed(seed)
+    total = 0.0
+    for k in range(episodes):
+        env.reset(seed=seed + k)
+        done = False
+        while not done:
+            _, r, term, trunc, _ = env.step(env.action_space.sample())
+            total += float(r)
+            done = term or trunc
+    return total / episodes
 
 
 def run_to_target(config: Any, target: float, max_env_steps: float, max_wall_s: float) -> dict[str, Any]:
-    """Train until the mean return >= ``target`` or a cap; wall time from the first train() call."""
+    """Train an RLlib config until the mean return >= ``target`` or a cap; wall time from the first train()."""
     from rayrl import keys
 
     t0 = time.perf_counter()
     algo = config.build_algo()
-    build_s = time.perf_counter() - t0
-    out: dict[str, Any] = {"reached": False, "build_s": build_s, "iterations": 0, "wall_s": 0.0,
-                           "env_steps": 0.0, "return": float("nan"), "best_return": float("nan")}
+    out: dict[str, Any] = {"reached": False, "build_s": time.perf_counter() - t0, "iterations": 0, "wall_s": 0.0,
+                           "env_steps": 0.0, "return": float("nan")}
     try:
         start = time.perf_counter()
         while True:
@@ -49,11 +72,8 @@ def run_to_target(config: Any, target: float, max_env_steps: float, max_wall_s: 
             out["iterations"] += 1
             out["wall_s"] = time.perf_counter() - start
             out["env_steps"] = float(keys.lookup(result, keys.ENV_STEPS, 0) or 0)
-            ret = C._num(keys.lookup(result, keys.EPISODE_RETURN))
-            out["return"] = ret
-            if ret == ret and not (out["best_return"] >= ret):
-                out["best_return"] = ret
-            if ret >= target:
+            out["return"] = C._num(keys.lookup(result, keys.EPISODE_RETURN))
+            if out["return"] >= target:
                 out["reached"] = True
                 break
             if out["env_steps"] >= max_env_steps or out["wall_s"] >= max_wall_s:
@@ -63,106 +83,142 @@ def run_to_target(config: Any, target: float, max_env_steps: float, max_wall_s: 
     return out
 
 
-def contender_config(name: str, spec: Any, seed: int) -> Any:
-    from rayrl import spec as spec_mod
+def run_one(name: str, seed: int, args: argparse.Namespace, specs: dict[str, Any]) -> dict[str, Any]:
+    if name == "sb3_zoo":
+        t0 = time.perf_counter()
+        model = K.sb3_zoo(seed=seed)
+        build = time.perf_counter() - t0
+        r = K.sb3_learn(model, int(args.max_env_steps), target=args.target, window=C.RETURN_WINDOW,
+                        max_wall_s=args.max_wall_s)
+        return {**r, "build_s": build}
+    config = {"rllib_same_settings": lambda: K.rllib_same_settings(specs["rayrl_default"], seed=seed),
+              "rllib_tuned_example": lambda: K.rllib_tuned_example(seed=seed),
+              "rayrl_default": lambda: K.rayrl(specs["rayrl_default"], specs["rayrl_default"].env.runner, seed),
+              "rayrl_sweep_best": lambda: K.rayrl(specs["rayrl_sweep_best"], specs["rayrl_sweep_best"].env.runner,
+                                                  seed)}[name]()
+    return run_to_target(config, args.target, args.max_env_steps, args.max_wall_s)
 
-    if name == "rllib_default":
-        return C.rllib_default_config(seed=seed, return_window=C.RETURN_WINDOW)
-    return C.rayrl_config(spec_mod.replace(spec, seed=seed))
+
+def with_sweep_cost(runs: list[dict], sweep: dict) -> list[dict]:
+    """rayrl_sweep_total per seed: the sweep's own wall time and env steps + the best config's run."""
+    return [{**r, "wall_s": r["wall_s"] + sweep["wall_s"], "env_steps": r["env_steps"] + sweep["env_steps_total"],
+             "sweep_wall_s": sweep["wall_s"], "sweep_env_steps": sweep["env_steps_total"]} for r in runs]
 
 
 def summarise(runs: list[dict]) -> dict[str, Any]:
-    """Medians over seeds; a run that hit a cap counts at its cap, so the median may be a lower bound."""
+    """Medians over seeds; a capped run counts at its cap, so the median may be a lower bound."""
     wall = C.median([r["wall_s"] for r in runs])
     steps = C.median([r["env_steps"] for r in runs])
     # A censored run at or below the median could, uncensored, have moved it up.
     lower = any(not r["reached"] and (r["wall_s"] <= wall or r["env_steps"] <= steps) for r in runs)
-    return {"wall_s": wall, "env_steps": steps, "reached": sum(r["reached"] for r in runs), "runs": len(runs),
-            "median_is_lower_bound": lower, "build_s": C.median([r["build_s"] for r in runs]),
+    return {"median_wall_s": wall, "median_env_steps": steps, "reached": sum(r["reached"] for r in runs),
+            "n": len(runs), "median_is_lower_bound": lower, "runs": runs,
+            "build_s": C.median([r.get("build_s", float("nan")) for r in runs]),
             "env_steps_per_s": C.median([C.ratio(r["env_steps"], r["wall_s"]) for r in runs])}
+
+
+def goals(s: dict[str, dict]) -> dict[str, Any]:
+    """The issue's goals for the sweep's answer: met, missed, or not measured (with the figures)."""
+    best = s.get("rayrl_sweep_best")
+    out = {}
+    for other, factor, key in (("rayrl_default", 0.5, "sweep_best_wall_le_half_default"),
+                               ("sb3_zoo", 1.0, "sweep_best_wall_le_sb3_zoo")):
+        if best is None or other not in s:
+            out[key] = {"met": None, "why": "not measured"}
+            continue
+        value, bound = best["median_wall_s"], factor * s[other]["median_wall_s"]
+        out[key] = {"met": bool(best["reached"] == best["n"] and value <= bound), "value": value, "bound": bound}
+    return out
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="1 seed, target 60, 30 s cap: a smoke test")
+    p.add_argument("--quick", action="store_true", help="1 seed, target 150, caps 60,000 steps / 60 s: a smoke test")
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
-    p.add_argument("--best-config", type=Path, default=C.DEFAULT_CONFIG,
-                   help="rayrl spec to train, e.g. a sweep's best_config.yaml (default: %(default)s)")
+    p.add_argument("--config", type=Path, default=C.DEFAULT_CONFIG, help="rayrl_default's spec (default: %(default)s)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
-                   help="override a field of the rayrl spec")
+                   help="override a field of rayrl_default's spec")
+    p.add_argument("--sweep", type=Path, help="a sweep's run folder (best_config.yaml, summary.json): adds "
+                   "rayrl_sweep_best and rayrl_sweep_total")
+    p.add_argument("--contenders", nargs="+", choices=CONTENDERS, help="a subset (default: all that can run)")
     p.add_argument("--seeds", type=int, help="seeds per contender (default 3; quick 1)")
-    p.add_argument("--target", type=float, help="mean episode return to reach (default 450; quick 60)")
+    p.add_argument("--seed-base", type=int, default=1000, help="first seed (default %(default)s: unseen by tuning)")
+    p.add_argument("--target", type=float, help="mean return of the last 20 episodes to reach (default 450; quick 150)")
     p.add_argument("--max-env-steps", type=float, help="cap per run (default 500000; quick 60000)")
-    p.add_argument("--max-wall-s", type=float, help="cap per run, seconds of training (default 200; quick 30)")
+    p.add_argument("--max-wall-s", type=float, help="cap per run, seconds of training (default 200; quick 60)")
     C.add_torch_threads(p)
     args = p.parse_args(argv)
     q = args.quick
     args.seeds = C.mode_default(args.seeds, 1, 3, q)
-    args.target = C.mode_default(args.target, 60.0, C.TARGET_RETURN, q)
+    args.target = C.mode_default(args.target, 150.0, C.TARGET_RETURN, q)
     args.max_env_steps = C.mode_default(args.max_env_steps, 60_000, 500_000, q)
-    args.max_wall_s = C.mode_default(args.max_wall_s, 30.0, 200.0, q)
+    args.max_wall_s = C.mode_default(args.max_wall_s, 60.0, 200.0, q)
     if args.seeds < 1 or args.max_env_steps <= 0 or args.max_wall_s <= 0:
         p.error("--seeds must be >= 1, --max-env-steps and --max-wall-s > 0")
+    wanted = args.contenders or [c for c in CONTENDERS if args.sweep or not c.startswith("rayrl_sweep")]
+    if any(c.startswith("rayrl_sweep") for c in wanted) and not args.sweep:
+        p.error("rayrl_sweep_best and rayrl_sweep_total need --sweep RUN_FOLDER (a sweep's best_config.yaml and "
+                "summary.json)")
+    if args.sweep and not ((args.sweep / "best_config.yaml").is_file() and (args.sweep / "summary.json").is_file()):
+        p.error(f"--sweep: {str(args.sweep)!r} has no best_config.yaml and summary.json; give a finished sweep's "
+                "run folder")
+    if "rayrl_sweep_total" in wanted and "rayrl_sweep_best" not in wanted:
+        wanted.append("rayrl_sweep_best")
+    args.contenders = [c for c in CONTENDERS if c in wanted]
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     C.quiet()
-    spec = C.load_spec(args.best_config, args.overrides)
+    specs = {"rayrl_default": C.load_spec(args.config, args.overrides)}
+    sweep: dict[str, Any] = {}
+    if args.sweep:
+        specs["rayrl_sweep_best"] = C.load_spec(args.sweep / "best_config.yaml")
+        sweep = json.loads((args.sweep / "summary.json").read_text())
+    random_return = random_play(specs["rayrl_default"].env.id)
+    C.say(f"random play: mean return {random_return:.1f}; target {args.target:g} "
+          f"({C.ratio(args.target, random_return):.1f}x random)")
     started = time.monotonic()
-    runs: dict[str, list[dict]] = {c: [] for c in CONTENDERS}
+    to_run = [c for c in args.contenders if c in RUN]
+    runs: dict[str, list[dict]] = {c: [] for c in to_run}
     with C.local_ray(torch_threads=args.torch_threads):
-        for seed in range(args.seeds):
-            order = CONTENDERS if seed % 2 == 0 else CONTENDERS[::-1]
-            for name in order:
-                r = run_to_target(contender_config(name, spec, seed), args.target, args.max_env_steps,
-                                  args.max_wall_s)
+        for k in range(args.seeds):
+            seed = args.seed_base + k
+            shift = k % len(to_run)
+            for name in to_run[shift:] + to_run[:shift]:
+                r = run_one(name, seed, args, specs)
                 r["seed"] = seed
                 runs[name].append(r)
-                C.say(f"[seed {seed}] {name:<14} {'reached' if r['reached'] else 'NOT reached'} "
-                      f"{args.target:g} in {r['wall_s']:.1f} s, {r['env_steps']:,.0f} env steps "
-                      f"({r['iterations']} iterations; return {r['return']:.1f})")
+                C.say(f"[seed {seed}] {name:<20} {'reached' if r['reached'] else 'NOT reached'} {args.target:g} in "
+                      f"{r['wall_s']:.1f} s, {r['env_steps']:,.0f} env steps (return {r['return']:.1f})")
+    if "rayrl_sweep_total" in args.contenders:
+        runs["rayrl_sweep_total"] = with_sweep_cost(runs["rayrl_sweep_best"], sweep)
     summary = {name: summarise(rs) for name, rs in runs.items()}
-    d, r = summary["rllib_default"], summary["rayrl"]
     report: dict[str, Any] = {
-        "target_return": args.target,
-        "return_window_episodes": C.RETURN_WINDOW,
-        "rllib_default_wall_s": d["wall_s"], "rllib_default_env_steps": d["env_steps"],
-        "rayrl_wall_s": r["wall_s"], "rayrl_env_steps": r["env_steps"],
-        "wall_ratio_default_over_rayrl": C.ratio(d["wall_s"], r["wall_s"]),
-        "env_steps_ratio_default_over_rayrl": C.ratio(d["env_steps"], r["env_steps"]),
-        "summary": summary,
-        "runs": runs,
-        "rayrl_spec": {"config": str(args.best_config), "batch": spec.algo.train_batch_per_learner,
-                       "minibatch": spec.algo.minibatch_size, "lr": spec.algo.lr, "epochs": spec.algo.epochs},
+        "target_return": args.target, "random_play_return": random_return,
+        "return_window_episodes": C.RETURN_WINDOW, "contenders": summary, "goals": goals(summary),
+        "sweep": {"run_dir": str(args.sweep), "wall_s": sweep.get("wall_s"),
+                  "env_steps_total": sweep.get("env_steps_total"), "best": sweep.get("best")} if args.sweep else None,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "machine": C.machine(),
-        "wall_total_s": round(time.monotonic() - started, 1),
-    }
+        "machine": C.machine(), "wall_total_s": round(time.monotonic() - started, 1)}
     print_report(report)
     C.write_json(args.out, report)
     return 0
 
 
 def print_report(report: dict) -> None:
-    s = report["summary"]
-
-    def fig(name: str, key: str) -> str:
-        v = s[name][key]
-        return ("≥ " if s[name]["median_is_lower_bound"] else "") + (f"{v:,.1f}" if key == "wall_s" else f"{v:,.0f}")
-
-    rows = [[label, fig(name, "wall_s"), fig(name, "env_steps"), f"{s[name]['reached']}/{s[name]['runs']}",
-             s[name]["env_steps_per_s"], s[name]["build_s"]]
-            for name, label in (("rllib_default", "RLlib default PPO"),
-                                ("rayrl", f"rayrl ({Path(report['rayrl_spec']['config']).name})"))]
-    C.say(f"\ntime to mean return >= {report['target_return']:g} on CartPole-v1 (median over seeds, "
-          f"{report['return_window_episodes']}-episode mean):")
+    rows = []
+    for name, s in report["contenders"].items():
+        lb = "≥ " if s["median_is_lower_bound"] else ""
+        rows.append([name, f"{lb}{s['median_wall_s']:,.1f}", f"{lb}{s['median_env_steps']:,.0f}",
+                     f"{s['reached']}/{s['n']}", s["env_steps_per_s"], s["build_s"]])
+    C.say(f"\ntime to a mean return >= {report['target_return']:g} (last {report['return_window_episodes']} "
+          f"episodes; random play {report['random_play_return']:.1f}), median over seeds:")
     C.say(C.table(["contender", "wall s", "env steps", "reached", "env steps/s", "build s"], rows))
-    C.say(f"\nRLlib default / rayrl: wall x{report['wall_ratio_default_over_rayrl']:.2f}, "
-          f"env steps x{report['env_steps_ratio_default_over_rayrl']:.2f}"
-          + (" (lower bounds: the default hit a cap in a seed at or below its median)"
-             if s["rllib_default"]["median_is_lower_bound"] else ""))
+    for key, g in report["goals"].items():
+        state = "not measured" if g["met"] is None else "met" if g["met"] else "MISSED"
+        C.say(f"{key}: {state}" + (f" ({g['value']:.1f} s vs {g['bound']:.1f} s)" if "value" in g else ""))
     m = report["machine"]
     C.say(f"machine: {m['nproc']} x {m['cpu_model']}, load {m['load_avg_1m']}; {m['date']}; "
           f"{report['wall_total_s']:.0f} s")

@@ -14,6 +14,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from rayrl import keys, metrics, models
 from rayrl.envs import registry
+from rayrl.sampling import runner_class
 from rayrl.spec import Spec
 
 
@@ -35,6 +36,7 @@ def build_config(spec: Spec) -> AlgorithmConfig:
             num_env_runners=r.env_runners,
             num_envs_per_env_runner=spec.env.envs_per_runner,
             num_cpus_per_env_runner=r.cpus_per_env_runner,
+            env_runner_cls=runner_class(spec.env.runner, spec.env.backend),
         )
         .learners(
             num_learners=r.learners,

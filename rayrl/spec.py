@@ -26,6 +26,8 @@ SCHEDULERS = ("asha", "hyperband")
 ACTIVATIONS = ("tanh", "relu", "silu", "elu", "linear")
 JUDGES = ("evaluation", "training")
 MOVED = {"algo.hidden": "model.hidden"}  #: fields that moved, so an old spec's error names the new place
+RUNNERS = ("fast", "rllib")
+ENV_BACKENDS = ("gymnasium", "envpool")
 
 
 class SpecError(ValueError):
@@ -45,6 +47,11 @@ class EnvSpec:
                   "'package.module:function' that takes env_config and returns a gymnasium.Env")
     config: dict = doc({}, "keyword arguments for the env (gymnasium.make kwargs, or the factory's env_config)")
     envs_per_runner: int = doc(8, "vectorised envs stepped by each env runner", min=1)
+    runner: str = doc("fast", "env runner: fast (rayrl.sampling's tight loop for stateless policies; falls back "
+                      "to RLlib's loop for recurrent ones) or rllib (RLlib's SingleAgentEnvRunner)", choices=RUNNERS)
+    backend: str = doc("gymnasium", "vectorised env of the fast runner: gymnasium (its numpy-vectorised version "
+                       "when it has one) or envpool (needs the envpool package and an EnvPool id)",
+                       choices=ENV_BACKENDS)
 
 
 @dataclass(frozen=True)
@@ -373,6 +380,27 @@ def validate(spec: Spec) -> None:
                         "the local learner takes 0 or 1 GPU.")
     check_conv_filters(spec.model.conv_filters)
     check_env(spec.env.id)
+    check_backend(spec.env)
+
+
+def check_backend(env: EnvSpec) -> None:
+    """envpool only with the fast runner, installed, and for an id EnvPool implements."""
+    if env.backend != "envpool":
+        return
+    if env.runner != "fast":
+        raise SpecError(f"env.backend: 'envpool' with env.runner {env.runner!r}; EnvPool is stepped by the fast "
+                        "runner only: set env.runner: fast or env.backend: gymnasium.")
+    from rayrl.sampling import backends
+
+    missing = backends.envpool_missing()
+    if missing:
+        raise SpecError(f"env.backend: 'envpool' cannot be imported here ({missing}); pip install envpool, or "
+                        "set env.backend: gymnasium.")
+    if env.id not in backends.envpool_ids():
+        near = difflib.get_close_matches(env.id, backends.envpool_ids(), n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise SpecError(f"env.backend: 'envpool' has no env {env.id!r}; {hint}give an id EnvPool implements "
+                        "(envpool.list_all_envs()) or set env.backend: gymnasium.")
 
 
 def check_conv_filters(filters: list | None) -> None:
