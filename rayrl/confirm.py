@@ -140,3 +140,12 @@ def choose(candidates: Sequence[dict]) -> dict | None:
 def json_safe(value: float) -> float | None:
     """Infinity and NaN as null (JSON has neither)."""
     return float(value) if value is not None and math.isfinite(value) else None
+
+
+def jsonable(candidate: dict) -> dict:
+    """A :func:`summarise` row for summary.json: infinite costs and figures as null."""
+    out = dict(candidate)
+    out["costs"] = [json_safe(x) for x in candidate["costs"]]
+    for k in ("median", "iqm", "ci_low", "ci_high", "median_return", "median_env_steps"):
+        out[k] = json_safe(candidate[k])
+    return out

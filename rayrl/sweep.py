@@ -195,10 +195,6 @@ def confirmation(spec: Spec, paths: runtime.RunPaths, trials: list[dict]) -> tup
         return None, 0
     table = confirm.summarise(runs, s.objective, seed=spec.seed)
     chosen = confirm.choose(table)
-    safe = lambda c: {**{k: v for k, v in c.items() if k != "costs"},  # noqa: E731
-                      "costs": [confirm.json_safe(x) for x in c["costs"]],
-                      **{k: confirm.json_safe(c[k]) for k in ("median", "iqm", "ci_low", "ci_high", "median_return",
-                                                              "median_env_steps")}}
     best = {"trial_id": chosen["phase2_trial_id"], "batch_size": chosen["batch_size"], "lr": chosen["lr"],
             "episode_return_mean": confirm.json_safe(chosen["median_return"]),
             "env_steps": confirm.json_safe(chosen["median_env_steps"]), "confirmed": True,
@@ -208,7 +204,7 @@ def confirmation(spec: Spec, paths: runtime.RunPaths, trials: list[dict]) -> tup
             "seeds_at_target": f"{chosen['reached']}/{chosen['runs']}"}
     summary = {"objective": s.objective, "seeds": sorted({int(r["seed"]) for r in runs}),
                "env_steps_budget": s.confirm_env_steps, "target_return": spec.stop.episode_return,
-               "chosen": chosen["candidate"], "candidates": [safe(c) for c in table]}
+               "chosen": chosen["candidate"], "candidates": [confirm.jsonable(c) for c in table]}
     print(f"[sweep] confirmation: candidate {chosen['candidate']} (batch {chosen['batch_size']}, lr "
           f"{chosen['lr']:.2e}) has the lowest median {s.objective} to the target, {chosen['median']:.4g} "
           f"(IQM {chosen['iqm']:.4g}, 95% interval {chosen['ci_low']:.4g}..{chosen['ci_high']:.4g}; "

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from rayrl import confirm, spec as S, throughput
@@ -109,3 +111,33 @@ def test_spec_fields_of_the_confirmation():
         S.from_dict({"search": {"objective": "return"}})
     with pytest.raises(S.SpecError, match="search.confirm_seeds"):
         S.from_dict({"search": {"confirm_seeds": 0}})
+
+
+def test_report_and_plot_show_every_seed_and_the_interval(tmp_path):
+    """report.md's confirmation section lists each candidate's median and interval and each seed's run."""
+    from test_report import write_run
+
+    from rayrl.judge import report, runfolder
+
+    root = write_run(tmp_path / "s")
+    runs = [_run(1, 1000, 20_000, True, usd=0.002), _run(1, 2000, 150_000, True, usd=0.015),
+            _run(1, 3000, 200_000, False, usd=0.02), _run(2, 1000, 60_000, True, usd=0.006, batch=512, lr=1e-3),
+            _run(2, 2000, 55_000, True, usd=0.0055, batch=512, lr=1e-3),
+            _run(2, 3000, 70_000, True, usd=0.007, batch=512, lr=1e-3)]
+    pd.DataFrame(runs, columns=confirm.CONFIRM_COLUMNS).to_csv(root / "confirm.csv", index=False)
+    table = confirm.summarise(runs, "usd")
+    summary = json.loads((root / "summary.json").read_text())
+    summary["confirm"] = {"objective": "usd", "seeds": [1000, 2000, 3000], "env_steps_budget": 200_000,
+                          "target_return": 400.0, "chosen": confirm.choose(table)["candidate"],
+                          "candidates": [confirm.jsonable(c) for c in table]}
+    (root / "summary.json").write_text(json.dumps(summary))
+    assert report.main([str(root)]) == 0
+    text = (root / "report.md").read_text()
+    section = text[text.index("## Confirmation on fresh seeds"):text.index("## Training")]
+    assert "| **2** | p2 | 512 | 0.001 | 3/3 | 0.006 |" in section  # the chosen one, bold, median 0.006
+    assert "| 1 | p1 | 2048 | 0.0003 | 2/3 | 0.015 |" in section
+    assert section.count("| yes |") == 5 and section.count("| no |") == 1
+    assert "| 1 | 3000 | c1_3000 | 200,000 |" in section
+    data = (root / "plots" / "confirm.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and "(plots/confirm.png)" in text
+    assert runfolder.load(root).confirm["reached"].sum() == 5

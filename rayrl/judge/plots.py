@@ -124,7 +124,7 @@ def plot_confirm(run: RunFolder, ax: Any = None) -> Any:
         ax.scatter([i] * (len(rows) - len(hit)), [top] * (len(rows) - len(hit)), marker="x", color="tab:red",
                    zorder=3, label="run missed target" if i == 0 else None)
         if k["median"] is not None:
-            lo, hi = k["ci_low"], k["ci_high"] if k["ci_high"] is not None else top
+            lo, hi = k["ci_low"], top if k["ci_high"] is None else k["ci_high"]  # null: a run missed the target
             ax.hlines(k["median"], i - 0.25, i + 0.25, color=colour, lw=2, label="median" if i == 0 else None)
             ax.vlines(i + 0.3, lo, hi, color="grey", lw=1, label="95% interval" if i == 0 else None)
         labels.append(f"batch {k['batch_size']}\nlr {k['lr']:.2g}" + ("\n(shipped)" if k["candidate"] ==
