@@ -237,7 +237,9 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
     if spec.stop.episode_return is not None:
         stop[keys.EPISODE_RETURN] = spec.stop.episode_return
     concurrent, _ = _concurrent(spec)
-    tuner = make_tuner(spec, paths, phase="confirm", subdir="confirm", param_space=_base_params(spec),
+    params = _base_params(spec)  # the varied keys as choices, so Tune sees each point as a valid pick
+    params.update({k: tune.choice(sorted({p[k] for p in points})) for k in points[0]})
+    tuner = make_tuner(spec, paths, phase="confirm", subdir="confirm", param_space=params,
                        tune_config=tune.TuneConfig(search_alg=BasicVariantGenerator(points_to_evaluate=points),
                                                    num_samples=len(points), max_concurrent_trials=concurrent),
                        stop=stop, verbose_label="confirm")
