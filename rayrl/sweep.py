@@ -41,7 +41,7 @@ def smoke(spec: Spec) -> Spec:
         search={"doubling": {"start": 512, "factor": 2, "cap": 2048, "min_gain": spec.search.doubling.min_gain,
                              "warmup_iters": 1, "measure_iters": 2},
                 "num_samples": 4, "max_env_steps": 16000, "grace_env_steps": 4000, "reduction_factor": 2.0,
-                "max_concurrent": 0, "min_batch": 256, "confirm_top_k": 2, "confirm_seeds": 2,
+                "max_concurrent": 0, "min_batch": 256, "confirm_top_k": min(spec.search.confirm_top_k, 2), "confirm_seeds": 2,
                 "confirm_env_steps": 8000},
     )
 
@@ -205,10 +205,11 @@ def confirmation(spec: Spec, paths: runtime.RunPaths, trials: list[dict]) -> tup
     summary = {"objective": s.objective, "seeds": sorted({int(r["seed"]) for r in runs}),
                "env_steps_budget": s.confirm_env_steps, "target_return": spec.stop.episode_return,
                "chosen": chosen["candidate"], "candidates": [confirm.jsonable(c) for c in table]}
+    why = (f"has the lowest median {s.objective} to the target, {chosen['median']:.4g} (IQM {chosen['iqm']:.4g}, "
+           f"95% interval {chosen['ci_low']:.4g}..{chosen['ci_high']:.4g})" if math.isfinite(chosen["median"]) else
+           f"wins on median return ({chosen['median_return']:.1f}): no candidate reached the target on most seeds")
     print(f"[sweep] confirmation: candidate {chosen['candidate']} (batch {chosen['batch_size']}, lr "
-          f"{chosen['lr']:.2e}) has the lowest median {s.objective} to the target, {chosen['median']:.4g} "
-          f"(IQM {chosen['iqm']:.4g}, 95% interval {chosen['ci_low']:.4g}..{chosen['ci_high']:.4g}; "
-          f"{chosen['reached']}/{chosen['runs']} seeds reached it)", flush=True)
+          f"{chosen['lr']:.2e}) {why}; {chosen['reached']}/{chosen['runs']} seeds reached it", flush=True)
     return {"best": best, "summary": summary}, int(sum(float(r["env_steps"] or 0) for r in runs))
 
 
