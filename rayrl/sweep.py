@@ -286,10 +286,17 @@ def _concurrent(spec: Spec) -> tuple[int, dict]:
 
 
 def _analysis(paths: runtime.RunPaths, subdir: str) -> Any:
-    """Tune's view of a finished phase; unlike a ResultGrid it keeps errored trials' configs."""
+    """Tune's view of a finished phase; unlike a ResultGrid it keeps errored trials' configs.
+
+    Tune turns Ctrl-C into a normal return from fit(); a phase with unfinished trials is then not
+    done, so it raises KeyboardInterrupt (nothing is written; the same command resumes it).
+    """
     from ray.tune import ExperimentAnalysis
 
-    return ExperimentAnalysis(f"{paths.storage}/{paths.name}/{subdir}")
+    analysis = ExperimentAnalysis(f"{paths.storage}/{paths.name}/{subdir}")
+    if any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials):
+        raise KeyboardInterrupt(f"{subdir} was interrupted")
+    return analysis
 
 
 def _base_params(spec: Spec) -> dict:
