@@ -1,24 +1,27 @@
-"""What a sweep costs: the deployment guide's full grid vs rayrl's doubling rule + ASHA.
+"""What a sweep costs: the deployment guide's grid, in both readings, vs rayrl's sweep.
 
-Both searches run PPO on CartPole-v1 from the same rayrl spec (``--config``), as Tune
+All searches run PPO on CartPole-v1 from the same rayrl spec (``--config``), as Tune
 experiments on the same local Ray, with the same per-trial stop criteria (``--budget`` env steps,
 or the spec's ``stop.episode_return``, 450) and the same trial concurrency rule:
 
-* grid: batch in {1024, 2048, 4096, 8192} x 4 learning rates drawn log-uniform from 1e-5..1e-3
+* grid16: batch in {1024, 2048, 4096, 8192} x 4 learning rates drawn log-uniform from 1e-5..1e-3
   (one from each quarter of the log range, seeded: a plain draw of 4 can land all below 5e-5);
   every trial runs to the full budget (no early stopping). The minibatch follows the batch as in
   rayrl's phase 2 (same number of minibatches per epoch), so only the search differs.
-* rayrl: ``rayrl.sweep.run`` with ``search.max_env_steps`` = the grid's budget: the doubling ladder
-  (its env steps count too), then ASHA + Optuna TPE.
+* grid4: the guide's snippet read literally: one lr draw per batch (the same 4 lrs, shuffled).
+* rayrl: ``rayrl.sweep.run`` with ``search.max_env_steps`` = ``search.confirm_env_steps`` = the
+  grid's budget: the doubling ladder, ASHA + Optuna TPE, then the confirmation runs (all count).
 
 Counted from each side's history.csv (rows in the order results reached the driver): env steps
 consumed by all trials until the first result with return >= the target, and in total; wall
 seconds likewise (from Tune's result timestamps, 1 s resolution); the best return (last result of
-each search trial). Goal: rayrl uses <= 1/3 of the grid's env steps for an equal best return.
+each search trial). Each repetition uses its own seed (training, lr draw, TPE) and the order of
+the three searches rotates between repetitions; the headline figures are medians over them.
+Goals: rayrl's env steps to the target <= grid4's; rayrl's total <= 1/3 of grid16's total.
 
-    python benchmarks/sweep_cost.py                 # full: 16-trial grid + rayrl sweep, ~10 minutes on 2 cores
-    python benchmarks/sweep_cost.py --quick         # smoke test: 2x2 grid, tiny budget
-    python benchmarks/sweep_cost.py --budget 60000 --out sweep_cost.json
+    python benchmarks/sweep_cost.py                 # full: 3 x (grid16 + grid4 + rayrl), about 1.5 h on 2 cores
+    python benchmarks/sweep_cost.py --quick         # smoke test: 2x2 / 2x1 grids, tiny budget, target 40
+    python benchmarks/sweep_cost.py --budget 60000 --reps 1 --out sweep_cost.json
     python benchmarks/sweep_cost.py --storage DIR --report-only   # figures again from a run's folders
 """
 
@@ -111,8 +114,25 @@ def result_timestamp(experiment: Path, trial_id: str, iteration: int) -> float |
     return float(rows["timestamp"].iloc[-1]) if len(rows) else None
 
 
-def run_grid(spec: Any, paths: Any, batches: tuple[int, ...], lrs: list[float], budget: int) -> None:
-    """The guide's grid as one Tune experiment (FIFO: every trial to the budget or the target)."""
+def one_lr_per_batch(batches: tuple[int, ...], lrs: list[float], seed: int) -> dict[int, float]:
+    """The 4-trial reading of the guide's grid: each batch gets one of the lrs (a seeded shuffle)."""
+    import numpy as np
+
+    order = np.random.default_rng(seed).permutation(len(lrs))
+    return {b: lrs[int(order[i % len(lrs)])] for i, b in enumerate(batches)}
+
+
+def rotation(names: tuple[str, ...], rep: int) -> list[str]:
+    """The order of the searches in repetition ``rep``: rotated, so none always runs first."""
+    k = rep % len(names)
+    return list(names[k:] + names[:k])
+
+
+def run_grid(spec: Any, paths: Any, batches: tuple[int, ...], lrs: list[float] | dict[int, float],
+             budget: int) -> None:
+    """The guide's grid as one Tune experiment (FIFO: every trial to the budget or the target).
+
+    ``lrs``: a list (every batch x every lr) or a dict batch -> lr (one lr per batch)."""
     import ray
     from ray import tune
 
@@ -126,7 +146,13 @@ def run_grid(spec: Any, paths: Any, batches: tuple[int, ...], lrs: list[float], 
     params.pop("_train_batch_size_per_learner", None)
     base_b, base_mb = spec.algo.train_batch_per_learner, spec.algo.minibatch_size
     params["train_batch_size_per_learner"] = tune.grid_search(list(batches))
-    params["lr"] = tune.grid_search(list(lrs))
+    if isinstance(lrs, dict):
+        per_batch = dict(lrs)
+        params["lr"] = tune.sample_from(lambda s: per_batch[s.config["train_batch_size_per_learner"]])
+        n_lrs = 1
+    else:
+        params["lr"] = tune.grid_search(list(lrs))
+        n_lrs = len(lrs)
     params["minibatch_size"] = tune.sample_from(
         lambda s: throughput.minibatch_for(s.config["train_batch_size_per_learner"], base_b, base_mb))
     request = algorithm_class(spec.algo.name).default_resource_request(config).required_resources
@@ -135,8 +161,9 @@ def run_grid(spec: Any, paths: Any, batches: tuple[int, ...], lrs: list[float], 
     stop = {keys.ENV_STEPS: budget}
     if spec.stop.episode_return is not None:
         stop[keys.EPISODE_RETURN] = spec.stop.episode_return
-    C.say(f"[grid] {len(batches) * len(lrs)} trials: batch {list(batches)} x lr "
-          f"{[f'{x:.2e}' for x in lrs]}, up to {concurrent} at once, budget {budget:,} env steps")
+    shown = {b: f"{x:.2e}" for b, x in lrs.items()} if isinstance(lrs, dict) else [f"{x:.2e}" for x in lrs]
+    C.say(f"[{paths.name}] {len(batches) * n_lrs} trials: batch {list(batches)} x lr {shown}, up to {concurrent} "
+          f"at once, budget {budget:,} env steps")
     tuner = make_tuner(spec, paths, phase="grid", subdir="grid", param_space=params,
                        tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=concurrent),
                        stop=stop, verbose_label="grid")
@@ -161,7 +188,7 @@ def side(run_dir: Path, experiments: dict[str, Path], phases: tuple[str, ...], t
 
 
 def quick_spec(spec: Any) -> Any:
-    """Tiny budgets for the smoke test: 2 ladder rungs, 2 search trials."""
+    """Tiny budgets for the smoke test: 2 ladder rungs, 2 search trials, 2 x 2 confirmation runs."""
     from rayrl import spec as spec_mod
 
     return spec_mod.replace(
@@ -169,85 +196,143 @@ def quick_spec(spec: Any) -> Any:
         stop={"episode_return": 40.0},
         search={"doubling": {"start": 512, "factor": 2, "cap": 1024, "min_gain": spec.search.doubling.min_gain,
                              "warmup_iters": 1, "measure_iters": 1},
-                "num_samples": 2, "grace_env_steps": 2048, "reduction_factor": 2.0})
+                "num_samples": 2, "grace_env_steps": 2048, "reduction_factor": 2.0, "min_batch": 256,
+                "confirm_top_k": 2, "confirm_seeds": 2})
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="2x2 grid, 2-rung ladder, 2 trials, target 40: a smoke test")
+    p.add_argument("--quick", action="store_true", help="2x2 and 2x1 grids, 2-rung ladder, 2 trials, 2x2 "
+                   "confirmation runs, target 40: a smoke test")
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
     p.add_argument("--config", type=Path, default=C.DEFAULT_CONFIG, help="rayrl spec (default: %(default)s)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
-                   help="override a spec field (both searches), e.g. --set search.num_samples=6")
-    p.add_argument("--budget", type=int, help="env steps per trial, both searches (default 100000; quick 4096)")
-    p.add_argument("--lr-seed", type=int, help="seed of the grid's lr draw (default: the spec's seed)")
-    p.add_argument("--storage", type=Path, help="where both run folders go (default: a temp dir)")
-    p.add_argument("--only", choices=("grid", "rayrl"), help="run one side only (the other's figures are null)")
+                   help="override a spec field (all searches), e.g. --set search.num_samples=6")
+    p.add_argument("--budget", type=int, help="env steps per trial, all searches (default 100000; quick 4096)")
+    p.add_argument("--reps", type=int, default=3, help="repetitions, each with its own seed and a rotated "
+                   "order (default %(default)s); the headline figures are medians")
+    p.add_argument("--lr-seed", type=int, help="seed of the grids' lr draw in the first repetition (default: the "
+                   "spec's seed; repetition i adds i)")
+    p.add_argument("--storage", type=Path, help="where the run folders go (default: a temp dir)")
+    p.add_argument("--only", choices=SIDES, help="run one search only (the others' figures are null)")
     p.add_argument("--report-only", action="store_true", help="run nothing: recompute the figures from the run "
                    "folders a previous run left under --storage")
     args = p.parse_args(argv)
     args.budget = C.mode_default(args.budget, 4096, 100_000, args.quick)
     if args.budget < 1:
         p.error(f"--budget must be >= 1, got {args.budget}")
+    if args.reps < 1:
+        p.error(f"--reps must be >= 1, got {args.reps}")
     if args.report_only and not args.storage:
         p.error("--report-only needs the --storage of a previous run")
     return args
 
 
+SIDES = ("grid16", "grid4", "rayrl")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     C.quiet()
-    from rayrl import runtime, spec as spec_mod, sweep
+    from rayrl import spec as spec_mod
 
     spec = C.load_spec(args.config, args.overrides)
     if args.quick:
         spec = quick_spec(spec)
     grace = min(spec.search.grace_env_steps, args.budget)
-    spec = spec_mod.replace(spec, search={"max_env_steps": args.budget, "grace_env_steps": grace})
+    spec = spec_mod.replace(spec, search={"max_env_steps": args.budget, "grace_env_steps": grace,
+                                          "confirm_env_steps": args.budget})
     target = spec.stop.episode_return if spec.stop.episode_return is not None else C.TARGET_RETURN
     batches = QUICK_BATCHES if args.quick else GRID_BATCHES
-    lrs = draw_lrs(2 if args.quick else 4, spec.search.lr_min, spec.search.lr_max,
-                   spec.seed if args.lr_seed is None else args.lr_seed)
     storage = args.storage or Path(tempfile.mkdtemp(prefix="rayrl-bench-sweep-"))
     started = time.monotonic()
-    sides: dict[str, Any] = {"grid": None, "rayrl": None}
+    reps = []
     with contextlib.nullcontext() if args.report_only else C.local_ray():
-        for name in ("grid", "rayrl"):
-            if args.only not in (None, name):
-                continue
-            paths = runtime.resolve(str(storage), name)
-            clock = paths.run_dir / TIMING_FILE
-            if args.report_only:
-                if not clock.exists():
-                    raise SystemExit(f"--report-only: {clock} is missing; run the benchmark with this --storage first.")
-                t0, t1 = (json.loads(clock.read_text())[k] for k in ("start", "end"))
-            else:
-                t0 = time.time()
-                if name == "grid":
-                    run_grid(spec, paths, batches, lrs, args.budget)
-                else:
-                    sweep.run(spec, paths)
-                t1 = time.time()
-                clock.write_text(json.dumps({"start": t0, "end": t1}))
-            if name == "grid":
-                sides["grid"] = side(paths.run_dir, {"grid": paths.run_dir / "grid"}, ("grid",), target, t0, t1)
-            else:
-                summary = json.loads((paths.run_dir / "summary.json").read_text())
-                sides["rayrl"] = side(paths.run_dir, {"phase2": paths.run_dir / "phase2",
-                                                      "phase1": paths.run_dir / "phase1"},
-                                      ("doubling", "search"), target, t0, t1)
-                sides["rayrl"].update(knee_batch_size=summary["knee_batch_size"], ladder=summary["ladder"],
-                                      best=summary["best"], env_steps_phase1=summary["env_steps_phase1"])
-    report = figures(sides, target, args.budget)
-    report.update(grid_batches=list(batches), grid_lrs=lrs, storage=str(storage),
+        for rep in range(args.reps):
+            seed = spec.seed + rep
+            lrs = draw_lrs(2 if args.quick else 4, spec.search.lr_min, spec.search.lr_max,
+                           seed if args.lr_seed is None else args.lr_seed + rep)
+            rep_spec = spec_mod.replace(spec, seed=seed)
+            sides = run_rep(rep_spec, storage / f"rep{rep}", rotation(SIDES, rep), batches, lrs, args, target)
+            report = figures({"grid": sides["grid16"], "grid4": sides["grid4"], "rayrl": sides["rayrl"]}, target,
+                             args.budget)
+            report.update(rep=rep, seed=seed, order=rotation(SIDES, rep), grid_lrs=lrs,
+                          grid4_lrs={str(b): x for b, x in one_lr_per_batch(batches, lrs, seed).items()})
+            reps.append(report)
+    report = combine(reps)
+    report.update(target_return=target, budget_env_steps=args.budget, grid_batches=list(batches),
+                  storage=str(storage),
                   rayrl_search={"num_samples": spec.search.num_samples, "scheduler": spec.search.scheduler,
                                 "grace_env_steps": grace, "reduction_factor": spec.search.reduction_factor,
+                                "min_batch": spec.search.min_batch, "confirm_top_k": spec.search.confirm_top_k,
+                                "confirm_seeds": spec.search.confirm_seeds, "objective": spec.search.objective,
                                 "doubling": spec_mod.to_dict(spec.search.doubling)},
                   settings={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                   machine=C.machine(), wall_s=round(time.monotonic() - started, 1))
     print_report(report)
     C.write_json(args.out, report)
     return 0
+
+
+def run_rep(spec: Any, storage: Path, order: list[str], batches: tuple[int, ...], lrs: list[float],
+            args: argparse.Namespace, target: float) -> dict[str, Any]:
+    """One repetition: the three searches in ``order``, each in its own run folder; their figures."""
+    from rayrl import runtime, sweep
+
+    sides: dict[str, Any] = {name: None for name in SIDES}
+    for name in order:
+        if args.only not in (None, name):
+            continue
+        paths = runtime.resolve(str(storage), name)
+        clock = paths.run_dir / TIMING_FILE
+        if args.report_only:
+            if not clock.exists():
+                raise SystemExit(f"--report-only: {clock} is missing; run the benchmark with this --storage first.")
+            t0, t1 = (json.loads(clock.read_text())[k] for k in ("start", "end"))
+        else:
+            t0 = time.time()
+            if name == "rayrl":
+                sweep.run(spec, paths)
+            else:
+                run_grid(spec, paths, batches, lrs if name == "grid16" else one_lr_per_batch(batches, lrs, spec.seed),
+                         args.budget)
+            t1 = time.time()
+            clock.write_text(json.dumps({"start": t0, "end": t1}))
+        if name != "rayrl":
+            sides[name] = side(paths.run_dir, {"grid": paths.run_dir / "grid"}, ("grid",), target, t0, t1)
+            continue
+        summary = json.loads((paths.run_dir / "summary.json").read_text())
+        sides["rayrl"] = side(paths.run_dir, {e: paths.run_dir / e for e in ("phase2", "phase1", "confirm")},
+                              ("doubling", "search", "confirm"), target, t0, t1)
+        sides["rayrl"].update(knee_batch_size=summary["knee_batch_size"], ladder=summary["ladder"],
+                              best=summary["best"], env_steps_phase1=summary["env_steps_phase1"],
+                              env_steps_confirm=summary.get("env_steps_confirm"))
+    return sides
+
+
+HEADLINE = {  # key in the combined report -> key in one repetition's figures
+    "grid4_env_steps_to_target": "grid4_env_steps", "grid16_env_steps_to_target": "grid_env_steps",
+    "grid16_env_steps_total": "grid_env_steps_total", "grid4_env_steps_total": "grid4_env_steps_total",
+    "rayrl_env_steps_to_target": "rayrl_env_steps", "rayrl_env_steps_total": "rayrl_env_steps_total",
+    "grid_best_return": "grid_best_return", "grid4_best_return": "grid4_best_return",
+    "rayrl_best_return": "rayrl_best_return", "rayrl_wall_s_total": "rayrl_wall_s_total",
+    "grid16_wall_s_total": "grid_wall_s_total", "grid4_wall_s_total": "grid4_wall_s_total",
+}
+
+
+def combine(reps: list[dict]) -> dict[str, Any]:
+    """Medians over the repetitions of every headline figure, and the two goals judged on the medians.
+
+    A search that never reached the target counts all it spent as its env steps to the target
+    (:func:`headline`), so a miss is never cheaper than a hit."""
+    out: dict[str, Any] = {k: C.median([r[v] for r in reps]) for k, v in HEADLINE.items()}
+    out["reps"] = reps
+    out["to_target_ratio_vs_grid4"] = C.ratio(out["rayrl_env_steps_to_target"], out["grid4_env_steps_to_target"])
+    out["total_ratio_vs_grid16"] = C.ratio(out["rayrl_env_steps_total"], out["grid16_env_steps_total"])
+    out["goal_to_target_met"] = bool(out["to_target_ratio_vs_grid4"] <= 1.0)
+    out["goal_total_fraction"] = GOAL_FRACTION
+    out["goal_total_met"] = bool(out["total_ratio_vs_grid16"] <= GOAL_FRACTION)
+    return out
 
 
 def headline(s: dict | None) -> float:
@@ -277,6 +362,11 @@ def figures(sides: dict[str, Any], target: float, budget: int) -> dict[str, Any]
     report["env_steps_ratio_to_target_vs_random_grid_order"] = C.ratio(
         report["rayrl_env_steps"], report["grid_env_steps_to_target_random_order"])
     report["wall_ratio_total"] = C.ratio(report["rayrl_wall_s_total"], report["grid_wall_s_total"])
+    if "grid4" in sides:  # the 4-trial reading of the guide's grid (one lr per batch)
+        g4 = sides["grid4"]
+        report.update(grid4_env_steps=headline(g4), grid4_env_steps_total=get(g4, "env_steps_total"),
+                      grid4_best_return=get(g4, "best_return"), grid4_wall_s_total=get(g4, "wall_s_total"),
+                      grid4_reached_target=bool(g4 and g4["first_at_target"]), grid4=g4)
     equal = report["rayrl_best_return"] >= min(report["grid_best_return"], target)
     report["goal_fraction"] = GOAL_FRACTION
     report["goal_met"] = bool(equal and report["env_steps_ratio_to_target"] <= GOAL_FRACTION)
@@ -284,30 +374,23 @@ def figures(sides: dict[str, Any], target: float, budget: int) -> dict[str, Any]
 
 
 def print_report(report: dict) -> None:
-    def val(side: str, key: str) -> float:
-        return report[f"{side}_{key}"]
-
+    """The medians, each repetition's figures, and the two goals as met or missed."""
+    C.say(f"\nsweep cost on CartPole-v1 PPO, {report['budget_env_steps']:,} env steps per trial, target return "
+          f"{report['target_return']:g}, {len(report['reps'])} repetition(s), order rotated:")
     rows = []
-    for side, label in (("grid", f"grid {len(report['grid_batches'])}x{len(report['grid_lrs'])}, FIFO"),
-                        ("rayrl", "rayrl: doubling + ASHA/TPE")):
-        info = report[side] or {}
-        rows.append([label, info.get("trials", "-"), val(side, "env_steps") if report[f"{side}_reached_target"]
-                     else float("nan"), val(side, "env_steps_total"), val(side, "wall_s_to_target"),
-                     val(side, "wall_s_total"), val(side, "best_return")])
-    C.say(f"\nsweep cost on CartPole-v1 PPO, {report['budget_env_steps']:,} env steps per trial, "
-          f"target return {report['target_return']:g}:")
-    C.say(C.table(["search", "trials", "env steps to target", "env steps total", "wall s to target",
+    for r in report["reps"]:
+        for side, key in (("grid16", "grid"), ("grid4", "grid4"), ("rayrl", "rayrl")):
+            info = r.get(key) or {}
+            rows.append([r["rep"], side, info.get("trials", "-"), r.get(f"{key}_env_steps", math.nan),
+                         "yes" if r.get(f"{key}_reached_target") else "no", r.get(f"{key}_env_steps_total", math.nan),
+                         r.get(f"{key}_wall_s_total", math.nan), r.get(f"{key}_best_return", math.nan)])
+    C.say(C.table(["rep", "search", "trials", "env steps to target (all spent if never)", "reached", "env steps total",
                    "wall s total", "best return"], rows))
-    C.say(f"grid in a random trial order (expected): {report['grid_env_steps_to_target_random_order']:,.0f} env steps "
-          f"to target; {report['grid']['trials_at_target'] if report['grid'] else 0} of its trials reached it"
-          if report["grid"] and report["grid"]["first_at_target"] else "grid: no trial reached the target")
-    C.say(f"\nrayrl / grid env steps: to target {report['env_steps_ratio_to_target']:.2f} (vs a random grid order "
-          f"{report['env_steps_ratio_to_target_vs_random_grid_order']:.2f}), total "
-          f"{report['env_steps_ratio_total']:.2f}; wall total {report['wall_ratio_total']:.2f}; goal <= "
-          f"{GOAL_FRACTION:.2f} for an equal best return: {'met' if report['goal_met'] else 'missed'}")
-    if report["rayrl"]:
-        C.say(f"rayrl knee {report['rayrl']['knee_batch_size']}, ladder env steps "
-              f"{report['rayrl']['env_steps_phase1']:,}")
+    C.say(C.table(["median over repetitions", "value"], [[k, report[k]] for k in HEADLINE]))
+    C.say(f"\ngoal 1: rayrl env steps to target <= grid4's: ratio {report['to_target_ratio_vs_grid4']:.2f}: "
+          f"{'met' if report['goal_to_target_met'] else 'missed'}")
+    C.say(f"goal 2: rayrl env steps total <= {GOAL_FRACTION:.2f} of grid16's: ratio "
+          f"{report['total_ratio_vs_grid16']:.2f}: {'met' if report['goal_total_met'] else 'missed'}")
     m = report["machine"]
     C.say(f"machine: {m['nproc']} x {m['cpu_model']}, load {m['load_avg_1m']}; {m['date']}; "
           f"{report['wall_s']:.0f} s; run folders under {report['storage']}")

@@ -74,7 +74,8 @@ class DoublingSearcher(Searcher):
 
 
 class Phase2Space:
-    """Optuna define-by-run space: lr log-uniform, batch from the admissible ladder.
+    """Optuna define-by-run space: lr log-uniform, batch from the admissible ladder and the sizes below its
+    start (rayrl.throughput.search_batches).
 
     Returns the RLlib config keys as constants so the minibatch follows the batch and the lr
     follows the declared scaling rule. A class (not a closure) so Tune can pickle the searcher.

@@ -28,6 +28,7 @@ JUDGES = ("evaluation", "training")
 MOVED = {"algo.hidden": "model.hidden"}  #: fields that moved, so an old spec's error names the new place
 RUNNERS = ("fast", "rllib")
 ENV_BACKENDS = ("gymnasium", "envpool")
+OBJECTIVES = ("usd", "wall_s", "env_steps")
 
 
 class SpecError(ValueError):
@@ -164,6 +165,17 @@ class SearchSpec:
     lr_max: float = doc(1e-3, "phase 2 lr search range, upper end", gt=0.0)
     max_concurrent: int = doc(0, "phase 2 trials at once; 0 derives it from the cluster's CPUs and GPUs",
                               min=0)
+    min_batch: int = doc(256, "phase 2 also searches batches below doubling.start, dividing by doubling.factor "
+                         "down to this (none if above the start): the ladder bounds the batch from above "
+                         "(throughput), sample efficiency decides below it", min=1)
+    confirm_top_k: int = doc(3, "confirmation: re-run the best k phase-2 configs on fresh seeds; 0 skips "
+                             "it (best_config.yaml is then phase 2's single best run)", min=0)
+    confirm_seeds: int = doc(3, "confirmation: fresh seeds per config (never used in phase 1 or 2)", min=1)
+    confirm_env_steps: int = doc(200_000, "confirmation: budget per run, env steps (a run stops at "
+                                 "stop.episode_return)", min=1)
+    objective: str = doc("usd", "confirmation: the config with the lowest median cost to stop.episode_return "
+                         "wins; cost in usd (the cost section's prices), wall_s or env_steps",
+                         choices=OBJECTIVES)
 
 
 @dataclass(frozen=True)

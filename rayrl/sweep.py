@@ -1,9 +1,11 @@
 """The sweep: phase 1 measures the doubling ladder, phase 2 searches lr x batch by reward.
 
-Writes the run folder contract: doubling.csv, trials.csv, best_config.yaml, summary.json,
-history.csv and spec.yaml, with Tune's experiments in phase1/ and phase2/ beside them.
-Running the same name again resumes: a finished phase 1 is read back from doubling.csv, and
-Tune's restore keeps finished phase-2 trials.
+After phase 2 a confirmation step re-runs the top configs on fresh seeds and ships the one with
+the lowest median cost to the target (rayrl.confirm). Writes the run folder contract:
+doubling.csv, trials.csv, confirm.csv, best_config.yaml, summary.json, history.csv and spec.yaml,
+with Tune's experiments in phase1/, phase2/ and confirm/ beside them. Running the same name again
+resumes: a finished phase 1 is read back from doubling.csv, a finished confirmation from
+confirm.csv, and Tune's restore keeps finished trials.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rayrl import keys, runtime, spec as spec_mod, throughput
-from rayrl.spec import Spec, SpecError
+from rayrl import confirm, keys, runtime, spec as spec_mod, throughput
+from rayrl.spec import Spec, SpecError, scaled_lr
 
 log = logging.getLogger("rayrl.sweep")
 
@@ -39,7 +41,8 @@ def smoke(spec: Spec) -> Spec:
         search={"doubling": {"start": 512, "factor": 2, "cap": 2048, "min_gain": spec.search.doubling.min_gain,
                              "warmup_iters": 1, "measure_iters": 2},
                 "num_samples": 4, "max_env_steps": 16000, "grace_env_steps": 4000, "reduction_factor": 2.0,
-                "max_concurrent": 0},
+                "max_concurrent": 0, "min_batch": 256, "confirm_top_k": min(spec.search.confirm_top_k, 2), "confirm_seeds": 2,
+                "confirm_env_steps": 8000},
     )
 
 
@@ -69,8 +72,13 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
                          f"there is no batch size to search; see the trial's error in {paths.run_dir / 'phase1'}, lower "
                          "search.doubling.start or give the trial more resources, then use a new --name (or "
                          "delete doubling.csv and phase1/ to measure the ladder again).")
-    print(f"[sweep] phase 1 done: knee at batch {knee}; phase 2 searches batch in {ladder}", flush=True)
-    trials, best, phase2_steps = phase2(spec, paths, ladder)
+    d = spec.search.doubling
+    batches = throughput.search_batches(ladder, start=d.start, factor=d.factor, min_batch=spec.search.min_batch)
+    print(f"[sweep] phase 1 done: knee at batch {knee}; phase 2 searches batch in {batches}", flush=True)
+    trials, best, phase2_steps = phase2(spec, paths, batches)
+    confirmed, confirm_steps = confirmation(spec, paths, trials)
+    if confirmed is not None:
+        best = confirmed["best"]
     summary = {
         "kind": "sweep",
         "name": paths.name,
@@ -78,10 +86,13 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "env": spec.env.id,
         "knee_batch_size": knee,
         "ladder": ladder,
+        "search_batches": batches,
         "best": best,
-        "env_steps_total": phase1_steps + phase2_steps,
+        "confirm": None if confirmed is None else confirmed["summary"],
+        "env_steps_total": phase1_steps + phase2_steps + confirm_steps,
         "env_steps_phase1": phase1_steps,
         "env_steps_phase2": phase2_steps,
+        "env_steps_confirm": confirm_steps,
         "wall_s": round(time.monotonic() - start, 1),
         "trials": len(trials),
         "stopped_early": sum(1 for t in trials if t["status"] == "stopped_early"),
@@ -136,25 +147,20 @@ def phase1(spec: Spec, paths: runtime.RunPaths) -> tuple[list[throughput.Row], i
     return rows, steps
 
 
-def phase2(spec: Spec, paths: runtime.RunPaths, ladder: list[int]) -> tuple[list[dict], dict | None, int]:
+def phase2(spec: Spec, paths: runtime.RunPaths, batches: list[int]) -> tuple[list[dict], dict | None, int]:
     """ASHA/HyperBand + Optuna over lr x batch; env steps are the time unit."""
-    import ray
-
-    from rayrl.algo import algorithm_class, build_config
-    from rayrl.search import max_concurrent_trials, phase2_tune_config
+    from rayrl.search import phase2_tune_config
     from rayrl.train import make_tuner
 
     s = spec.search
-    request = algorithm_class(spec.algo.name).default_resource_request(build_config(spec)).required_resources
-    concurrent = max_concurrent_trials(ray.cluster_resources(), request.get("CPU", 1), request.get("GPU", 0),
-                                       s.max_concurrent)
+    concurrent, request = _concurrent(spec)
     print(f"[sweep] phase 2: {s.num_samples} trials, {s.scheduler}, up to {concurrent} at once "
           f"(each holds {request})", flush=True)
     stop = {keys.ENV_STEPS: s.max_env_steps}
     if spec.stop.episode_return is not None:
         stop[keys.return_key(spec.judged_by)] = spec.stop.episode_return
     tuner = make_tuner(spec, paths, phase="search", subdir="phase2", param_space=_base_params(spec),
-                       tune_config=phase2_tune_config(spec, ladder, concurrent), stop=stop,
+                       tune_config=phase2_tune_config(spec, batches, concurrent), stop=stop,
                        verbose_label="phase 2")
     tuner.fit()
     trials = [_trial_row(t, spec) for t in _analysis(paths, "phase2").trials]
@@ -166,24 +172,140 @@ def phase2(spec: Spec, paths: runtime.RunPaths, ladder: list[int]) -> tuple[list
 
 
 def pick_best(trials: list[dict]) -> dict | None:
-    """The trial whose config the sweep ships: of those that reached the target, the one that needed
-    the fewest env steps (ties: the higher return); if none did, the highest return.
+    """Phase 2's best trial (the confirmation's first candidate): of those that reached the target, the
+    one that needed the fewest env steps (ties: the higher return); if none did, the highest return.
 
     A trial stops at its first result at or above the target, so among those the final return is
     noise (451 vs 478); the env steps it took are what a production run of that config will pay.
     """
-    finished = [t for t in trials if t["episode_return_mean"] is not None and t["status"] != "error"]
-    reached = [t for t in finished if t["status"] == "reached_target" and t["env_steps"] is not None]
-    if reached:
-        return min(reached, key=lambda t: (t["env_steps"], -t["episode_return_mean"]))
-    return max(finished, key=lambda t: t["episode_return_mean"], default=None)
+    ranked = confirm.rank(trials)
+    return ranked[0] if ranked else None
+
+
+def confirmation(spec: Spec, paths: runtime.RunPaths, trials: list[dict]) -> tuple[dict | None, int]:
+    """Re-run phase 2's top configs on fresh seeds; the lowest median cost to the target wins.
+
+    Returns ({"best": summary's best, "summary": summary's confirm section} or None when
+    search.confirm_top_k is 0 or no trial is usable, env steps spent). A finished confirmation is
+    read back from confirm.csv, not rerun; an interrupted one resumes through Tune.
+    """
+    s = spec.search
+    done = paths.run_dir / "confirm.csv"
+    if done.exists():
+        runs = read_confirm(done)
+        print(f"[sweep] confirmation already finished ({len(runs)} runs in {done}); not repeating it", flush=True)
+    else:
+        candidates = confirm.top_configs(trials, s.confirm_top_k)
+        if not candidates:
+            return None, 0
+        runs = run_confirm(spec, paths, candidates, confirm.fresh_seeds(spec.seed, s.confirm_seeds))
+        write_csv(done, confirm.CONFIRM_COLUMNS, runs)
+    if not runs:
+        return None, 0
+    table = confirm.summarise(runs, s.objective, seed=spec.seed)
+    chosen = confirm.choose(table)
+    best = {"trial_id": chosen["phase2_trial_id"], "batch_size": chosen["batch_size"], "lr": chosen["lr"],
+            "episode_return_mean": confirm.json_safe(chosen["median_return"]),
+            "env_steps": confirm.json_safe(chosen["median_env_steps"]), "confirmed": True,
+            "objective": s.objective, "median_cost": confirm.json_safe(chosen["median"]),
+            "iqm_cost": confirm.json_safe(chosen["iqm"]),
+            "ci95_cost": [confirm.json_safe(chosen["ci_low"]), confirm.json_safe(chosen["ci_high"])],
+            "seeds_at_target": f"{chosen['reached']}/{chosen['runs']}"}
+    summary = {"objective": s.objective, "seeds": sorted({int(r["seed"]) for r in runs}),
+               "env_steps_budget": s.confirm_env_steps, "target_return": spec.stop.episode_return,
+               "chosen": chosen["candidate"], "candidates": [confirm.jsonable(c) for c in table]}
+    why = (f"has the lowest median {s.objective} to the target, {chosen['median']:.4g} (IQM {chosen['iqm']:.4g}, "
+           f"95% interval {chosen['ci_low']:.4g}..{chosen['ci_high']:.4g})" if math.isfinite(chosen["median"]) else
+           f"wins on median return ({chosen['median_return']:.1f}): no candidate reached the target on most seeds")
+    print(f"[sweep] confirmation: candidate {chosen['candidate']} (batch {chosen['batch_size']}, lr "
+          f"{chosen['lr']:.2e}) {why}; {chosen['reached']}/{chosen['runs']} seeds reached it", flush=True)
+    return {"best": best, "summary": summary}, int(sum(float(r["env_steps"] or 0) for r in runs))
+
+
+def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], seeds: list[int]) -> list[dict]:
+    """Every candidate on every seed, one Tune experiment (confirm/) whose trials stop at the target
+    or the budget; returns confirm.csv's rows."""
+    from ray import tune
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    from rayrl.cost import trial_cost, trial_resources
+    from rayrl.progress import config_batch_lr
+    from rayrl.train import make_tuner
+
+    s, a = spec.search, spec.algo
+    points, plan = [], []
+    for rank, c in enumerate(candidates, 1):
+        for seed in seeds:
+            points.append({"lr": scaled_lr(c["lr"], spec.resources.learners, spec.resources.lr_scaling),
+                           "train_batch_size_per_learner": int(c["batch_size"]), "seed": seed,
+                           "minibatch_size": throughput.minibatch_for(int(c["batch_size"]), a.train_batch_per_learner,
+                                                                      a.minibatch_size)})
+            plan.append((rank, c))
+    print(f"[sweep] confirmation: {len(candidates)} configs x seeds {seeds}, up to {s.confirm_env_steps:,} env "
+          f"steps each, by median {s.objective} to return {spec.stop.episode_return}", flush=True)
+    stop = {keys.ENV_STEPS: s.confirm_env_steps}
+    if spec.stop.episode_return is not None:
+        stop[keys.EPISODE_RETURN] = spec.stop.episode_return
+    concurrent, _ = _concurrent(spec)
+    params = _base_params(spec)  # the varied keys as choices, so Tune sees each point as a valid pick
+    params.update({k: tune.choice(sorted({p[k] for p in points})) for k in points[0]})
+    tuner = make_tuner(spec, paths, phase="confirm", subdir="confirm", param_space=params,
+                       tune_config=tune.TuneConfig(search_alg=BasicVariantGenerator(points_to_evaluate=points),
+                                                   num_samples=len(points), max_concurrent_trials=concurrent),
+                       stop=stop, verbose_label="confirm")
+    tuner.fit()
+    held, rows = trial_resources(spec.resources), []
+    for trial in _analysis(paths, "confirm").trials:
+        batch, lr = config_batch_lr(trial.config)
+        seed = int(trial.config.get("seed"))
+        rank, c = next((r, c) for (r, c), p in zip(plan, points) if p["train_batch_size_per_learner"] == batch and
+                       p["seed"] == seed and math.isclose(p["lr"], float(lr), rel_tol=1e-9))
+        m = trial.last_result or {}
+        ret, steps = keys.lookup(m, keys.EPISODE_RETURN), keys.lookup(m, keys.ENV_STEPS)
+        wall = float(m.get(keys.TIME_TOTAL) or 0.0)
+        ret = None if ret is None or not math.isfinite(ret) else float(ret)
+        rows.append({"candidate": rank, "phase2_trial_id": c["trial_id"], "batch_size": batch, "lr": c["lr"],
+                     "seed": seed, "trial_id": trial.trial_id, "env_steps": steps, "wall_s": round(wall, 3),
+                     "usd": trial_cost(held, wall, spec.cost), "episode_return_mean": ret,
+                     "reached": trial.status != "ERROR" and ret is not None and spec.stop.episode_return is not None
+                     and ret >= spec.stop.episode_return})
+    return sorted(rows, key=lambda r: (r["candidate"], r["seed"]))
+
+
+def read_confirm(path: Path) -> list[dict]:
+    """confirm.csv's rows with numbers and booleans parsed."""
+    num = lambda v: float(v) if v not in ("", None) else None  # noqa: E731
+    with path.open() as f:
+        return [{**r, "candidate": int(r["candidate"]), "batch_size": int(r["batch_size"]), "lr": float(r["lr"]),
+                 "seed": int(r["seed"]), "env_steps": num(r["env_steps"]), "wall_s": num(r["wall_s"]),
+                 "usd": num(r["usd"]), "episode_return_mean": num(r["episode_return_mean"]),
+                 "reached": r["reached"] == "True"} for r in csv.DictReader(f)]
+
+
+def _concurrent(spec: Spec) -> tuple[int, dict]:
+    """Trials at once (search.max_concurrent, else what fits in the cluster) and what one trial holds."""
+    import ray
+
+    from rayrl.algo import algorithm_class, build_config
+    from rayrl.search import max_concurrent_trials
+
+    request = algorithm_class(spec.algo.name).default_resource_request(build_config(spec)).required_resources
+    return max_concurrent_trials(ray.cluster_resources(), request.get("CPU", 1), request.get("GPU", 0),
+                                 spec.search.max_concurrent), request
 
 
 def _analysis(paths: runtime.RunPaths, subdir: str) -> Any:
-    """Tune's view of a finished phase; unlike a ResultGrid it keeps errored trials' configs."""
+    """Tune's view of a finished phase; unlike a ResultGrid it keeps errored trials' configs.
+
+    Tune turns Ctrl-C into a normal return from fit(); a phase with unfinished trials is then not
+    done, so it raises KeyboardInterrupt (nothing is written; the same command resumes it).
+    """
     from ray.tune import ExperimentAnalysis
 
-    return ExperimentAnalysis(f"{paths.storage}/{paths.name}/{subdir}")
+    analysis = ExperimentAnalysis(f"{paths.storage}/{paths.name}/{subdir}")
+    if any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials):
+        raise KeyboardInterrupt(f"{subdir} was interrupted")
+    return analysis
 
 
 def _base_params(spec: Spec) -> dict:

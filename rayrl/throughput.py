@@ -89,6 +89,19 @@ def admissible(rows: Sequence[Row]) -> list[int]:
     return [r.batch_size for r in rows if k is not None and r.env_steps_per_s is not None and r.batch_size <= k]
 
 
+def search_batches(ladder: Sequence[int], *, start: int, factor: int, min_batch: int) -> list[int]:
+    """Phase 2's batch sizes: below the ladder's start (``start`` / factor, / factor^2, ... down to
+    ``min_batch``), then the admissible ladder. The ladder bounds the batch from above by throughput;
+    below its start, sample efficiency alone decides (a small batch can reach a target in fewer env steps).
+    """
+    below = []
+    batch = start // factor
+    while ladder and batch >= max(min_batch, 1):
+        below.append(batch)
+        batch //= factor
+    return sorted(below) + list(ladder)
+
+
 def minibatch_for(batch: int, base_batch: int, base_minibatch: int) -> int:
     """Keep the number of minibatches per epoch constant across rungs (minibatch scales with batch)."""
     per_epoch = max(1, round(base_batch / base_minibatch))

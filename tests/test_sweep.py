@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from conftest import RAY, ROOT, ray_head, submit_job, subprocess_env
 
 
 SWEEP = [sys.executable, str(ROOT / "experiments" / "sweep.py")]
+SMOKE_MIN_RETURN = 40.0  #: random play scores about 22; see check_confirmation
 
 
 def readme_sweep() -> list[str]:
@@ -38,7 +40,7 @@ def run_sweep(storage: Path, name: str, *extra: str, timeout: int = 600) -> subp
     return proc
 
 
-def check_run_folder(run: Path, *, scheduler: str = "asha") -> dict:
+def check_run_folder(run: Path, *, scheduler: str = "asha", confirmed: bool = True) -> dict:
     """Every file and column of the run folder contract, and the doubling rule in doubling.csv."""
     doubling = pd.read_csv(run / "doubling.csv", keep_default_na=False)
     assert list(doubling.columns) == ["batch_size", "env_steps_per_s", "gain", "decision"]
@@ -60,12 +62,15 @@ def check_run_folder(run: Path, *, scheduler: str = "asha") -> dict:
         assert last["batch_size"] * d.factor > d.cap
     kept = doubling[doubling["decision"].isin(["expand", "cap"])]
     knee = int(kept["batch_size"].iloc[-1])
+    history = pd.read_csv(run / "history.csv")
+    check_ladder_against_history(doubling, history, d)
 
     trials = pd.read_csv(run / "trials.csv")
     assert list(trials.columns) == ["trial_id", "batch_size", "lr", "env_steps", "episode_return_mean", "status"]
     assert len(trials) == spec.search.num_samples
     assert trials["batch_size"].max() <= knee
-    assert set(trials["batch_size"]) <= set(doubling["batch_size"])
+    below = [b for b in (d.start // d.factor ** i for i in range(1, 12)) if b >= spec.search.min_batch]
+    assert set(trials["batch_size"]) <= set(doubling["batch_size"]) | set(below)
     assert ((trials["lr"] >= spec.search.lr_min) & (trials["lr"] <= spec.search.lr_max)).all()
     assert set(trials["status"]) <= {"reached_target", "completed", "stopped_early", "error"}
     assert (trials["env_steps"] <= spec.search.max_env_steps + 4 * knee).all()
@@ -74,13 +79,17 @@ def check_run_folder(run: Path, *, scheduler: str = "asha") -> dict:
     assert summary["knee_batch_size"] == knee
     assert summary["scheduler"] == scheduler
     best = summary["best"]
-    reached = trials[trials["status"] == "reached_target"]
-    if len(reached):  # the fewest env steps to the target wins
-        assert best["env_steps"] == reached["env_steps"].min() and best["trial_id"] in set(reached["trial_id"])
-    else:
-        usable = trials[trials["status"] != "error"]  # errored trials are never shipped
-        assert best["episode_return_mean"] == pytest.approx(usable["episode_return_mean"].max())
     assert set(best) >= {"batch_size", "lr", "episode_return_mean"}
+    if confirmed:
+        check_confirmation(run, spec, trials, summary)
+    else:  # no confirmation: phase 2's single best run is shipped
+        assert not (run / "confirm.csv").exists() and summary["confirm"] is None
+        reached = trials[trials["status"] == "reached_target"]
+        if len(reached):  # the fewest env steps to the target wins
+            assert best["env_steps"] == reached["env_steps"].min() and best["trial_id"] in set(reached["trial_id"])
+        else:
+            usable = trials[trials["status"] != "error"]  # errored trials are never shipped
+            assert best["episode_return_mean"] == pytest.approx(usable["episode_return_mean"].max())
     assert summary["trials"] == len(trials)
     assert summary["stopped_early"] == int((trials["status"] == "stopped_early").sum())
     assert summary["env_steps_total"] >= trials["env_steps"].sum()
@@ -90,14 +99,76 @@ def check_run_folder(run: Path, *, scheduler: str = "asha") -> dict:
     assert best_spec.algo.train_batch_per_learner == best["batch_size"]
     assert best_spec.algo.lr == pytest.approx(best["lr"])
 
-    history = pd.read_csv(run / "history.csv")
-    assert set(history["phase"]) == {"doubling", "search"}
+    assert set(history["phase"]) == {"doubling", "search", *(["confirm"] if confirmed else [])}
     assert (history["env_steps_per_s"] > 0).all()
 
     from ray.tune import ExperimentAnalysis
 
     assert len(ExperimentAnalysis(str(run / "phase2")).trials) == len(trials)
     return summary
+
+
+def check_ladder_against_history(doubling: pd.DataFrame, history: pd.DataFrame, d: S.DoublingSpec) -> None:
+    """Each rung's figure is the median env steps/s of its measured iterations, recomputed here from
+    history.csv (not read from the gain column the sweep wrote), and each decision follows from it."""
+    rungs = history[history["phase"] == "doubling"].drop_duplicates(["trial_id", "training_iteration"], keep="last")
+    medians = []
+    for row in doubling.itertuples():
+        h = rungs[rungs["batch_size"] == row.batch_size].sort_values("training_iteration")
+        measured = h[(h["training_iteration"] > d.warmup_iters) &
+                     (h["training_iteration"] <= d.warmup_iters + d.measure_iters)]["env_steps_per_s"]
+        assert len(measured) == d.measure_iters, f"rung {row.batch_size}: {len(measured)} measured iterations"
+        medians.append(float(measured.median()))
+        assert float(row.env_steps_per_s) == pytest.approx(medians[-1], abs=0.01)
+    for i, row in enumerate(doubling.itertuples()):
+        fits = row.batch_size * d.factor <= d.cap
+        if i == 0:
+            expected = "expand" if fits else "cap"
+        else:
+            gain = medians[i] / medians[i - 1] - 1.0
+            assert float(row.gain) == pytest.approx(gain, abs=1e-4)
+            expected = "stop" if gain < d.min_gain else ("expand" if fits else "cap")
+        assert row.decision == expected, (row.batch_size, medians, row.decision, expected)
+
+
+def check_confirmation(run: Path, spec: S.Spec, trials: pd.DataFrame, summary: dict) -> None:
+    """Phase 2's top configs re-ran on seeds phase 2 never used; the lowest median cost (recomputed here
+    from confirm.csv) is the shipped config."""
+    from ray.tune import ExperimentAnalysis
+
+    s = spec.search
+    runs = pd.read_csv(run / "confirm.csv")
+    phase2_seeds = {t.config.get("seed") for t in ExperimentAnalysis(str(run / "phase2")).trials}
+    assert phase2_seeds == {spec.seed}
+    assert set(runs["seed"]).isdisjoint(phase2_seeds) and runs["seed"].nunique() == s.confirm_seeds
+    usable = trials[(trials["status"] != "error") & trials["episode_return_mean"].notna()]
+    reached = usable[usable["status"] == "reached_target"].sort_values(["env_steps", "episode_return_mean"],
+                                                                       ascending=[True, False])
+    rest = usable[usable["status"] != "reached_target"].sort_values("episode_return_mean", ascending=False)
+    top = pd.concat([reached, rest]).drop_duplicates(["batch_size", "lr"]).head(s.confirm_top_k)
+    assert list(runs.groupby("candidate")["phase2_trial_id"].first()) == list(top["trial_id"])
+    assert len(runs) == len(top) * s.confirm_seeds
+    assert (runs.groupby("candidate")["seed"].nunique() == s.confirm_seeds).all()
+    target = spec.stop.episode_return
+    assert (runs["reached"] == (runs["episode_return_mean"] >= target)).all()
+    assert (runs["env_steps"] <= s.confirm_env_steps + 4 * runs["batch_size"]).all()
+    costs = runs[s.objective].where(runs["reached"], float("inf"))
+    med = runs.assign(cost=costs).groupby("candidate").agg(cost=("cost", "median"),
+                                                           ret=("episode_return_mean", "median"))
+    chosen = med.sort_values(["cost", "ret"], ascending=[True, False], kind="stable").index[0]
+    pick = runs[runs["candidate"] == chosen].iloc[0]
+    best = summary["best"]
+    assert best["confirmed"] and summary["confirm"]["chosen"] == chosen
+    assert (best["batch_size"], best["lr"]) == (pick["batch_size"], pytest.approx(pick["lr"]))
+    assert best["episode_return_mean"] == pytest.approx(med.loc[chosen, "ret"])
+    lo, hi = best["ci95_cost"]
+    if math.isfinite(med.loc[chosen, "cost"]):
+        assert best["median_cost"] == pytest.approx(med.loc[chosen, "cost"]) and lo <= best["median_cost"] <= hi
+    else:
+        assert best["median_cost"] is None
+    # The sweep learns: the shipped config's median return on fresh seeds is far above random play
+    # (about 22 on CartPole), so a sweep that never learns fails here.
+    assert best["episode_return_mean"] >= SMOKE_MIN_RETURN, best
 
 
 def _trial(tid: str, steps: int | None, ret: float | None, status: str) -> dict:
@@ -126,22 +197,26 @@ def test_smoke_sweep_writes_the_contract_and_resumes(tmp_path):
     first = run_sweep(tmp_path, "smoke")
     assert "[sweep] done" in first.stdout and "phase 1" in first.stdout
     run = tmp_path / "smoke"
-    check_run_folder(run)
+    summary = check_run_folder(run)
     trials_before = (run / "trials.csv").read_text()
+    confirm_before = (run / "confirm.csv").read_text()
     doubling_before = (run / "doubling.csv").read_text()
 
     again = run_sweep(tmp_path, "smoke", timeout=300)
     assert "phase 1 already finished" in again.stdout
     assert "[phase 1" not in again.stdout  # no rung ran again
     assert "[phase 2" not in again.stdout  # finished trials are not rerun
+    assert "confirmation already finished" in again.stdout and "[confirm" not in again.stdout
+    assert (run / "confirm.csv").read_text() == confirm_before
+    assert json.loads((run / "summary.json").read_text())["best"] == summary["best"]
     assert (run / "doubling.csv").read_text() == doubling_before
     assert sorted((run / "trials.csv").read_text().splitlines()) == sorted(trials_before.splitlines())
 
 
 @pytest.mark.slow
 def test_smoke_sweep_with_hyperband(tmp_path):
-    run_sweep(tmp_path, "hb", "--set", "search.scheduler=hyperband")
-    check_run_folder(tmp_path / "hb", scheduler="hyperband")
+    run_sweep(tmp_path, "hb", "--set", "search.scheduler=hyperband", "--set", "search.confirm_top_k=0")
+    check_run_folder(tmp_path / "hb", scheduler="hyperband", confirmed=False)
 
 
 def test_sweep_rejects_bad_input_before_ray(tmp_path):
@@ -168,7 +243,8 @@ def test_ray_job_submit_runs_the_smoke_sweep(tmp_path):
             pytest.fail(f"the head's Jobs API did not come up within 300 s (head alive: {head.process.poll() is None})")
         storage = tmp_path / "runs"
         submit = [RAY, "job", "submit", "--address", head.dashboard, "--working-dir", ".", "--",
-                  "python", "experiments/sweep.py", "--smoke", "--storage", str(storage), "--name", "job"]
+                  "python", "experiments/sweep.py", "--smoke", "--storage", str(storage), "--name", "job",
+                  "--set", "search.confirm_top_k=0"]
         proc = submit_job(submit, env, timeout=600, cwd=ROOT)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
         job_id = re.search(r"raysubmit_\w+", proc.stdout + proc.stderr).group(0)
@@ -176,7 +252,7 @@ def test_ray_job_submit_runs_the_smoke_sweep(tmp_path):
                                 capture_output=True, text=True, timeout=60)
         assert re.search(r"job '\w+' succeeded", status.stdout + status.stderr, re.I), status.stdout
         assert "Started a local Ray" not in proc.stdout  # it joined the cluster
-        check_run_folder(storage / "job")
+        check_run_folder(storage / "job", confirmed=False)
 
 
 @pytest.mark.slow

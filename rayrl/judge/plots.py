@@ -162,6 +162,40 @@ def plot_lr_return(run: RunFolder, ax: Any = None) -> Any:
     return ax
 
 
+def plot_confirm(run: RunFolder, ax: Any = None) -> Any:
+    """Each confirmation run's cost to the target per candidate (x: did not reach it, drawn at the top),
+    with the candidate's median (bar) and 95% bootstrap interval; the shipped candidate in green."""
+    ax = _axes(ax)
+    c, runs = run.summary.get("confirm"), run.confirm
+    if _no_data(ax, runs, "no confirmation (search.confirm_top_k: 0)") or not c:
+        return ax
+    objective = c["objective"]
+    finite = runs.loc[runs["reached"], objective]
+    top = float(finite.max()) * 1.15 if len(finite) else 1.0
+    labels = []
+    for i, k in enumerate(c["candidates"]):
+        rows = runs[runs["candidate"] == k["candidate"]]
+        colour = "tab:green" if k["candidate"] == c["chosen"] else "tab:blue"
+        hit = rows[rows["reached"]]
+        ax.scatter([i] * len(hit), hit[objective], color=colour, zorder=3,
+                   label="run at target" if i == 0 else None)
+        ax.scatter([i] * (len(rows) - len(hit)), [top] * (len(rows) - len(hit)), marker="x", color="tab:red",
+                   zorder=3, label="run missed target" if i == 0 else None)
+        if k["median"] is not None:
+            lo, hi = k["ci_low"], top if k["ci_high"] is None else k["ci_high"]  # null: a run missed the target
+            ax.hlines(k["median"], i - 0.25, i + 0.25, color=colour, lw=2, label="median" if i == 0 else None)
+            ax.vlines(i + 0.3, lo, hi, color="grey", lw=1, label="95% interval" if i == 0 else None)
+        labels.append(f"batch {k['batch_size']}\nlr {k['lr']:.2g}" + ("\n(shipped)" if k["candidate"] ==
+                                                                        c["chosen"] else ""))
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylim(bottom=0, top=top * 1.08)
+    unit = {"usd": "USD", "wall_s": "wall s", "env_steps": "env steps"}.get(objective, objective)
+    ax.set_ylabel(f"{unit} to return {c.get('target_return')}")
+    ax.set_title(f"Confirmation on seeds {c['seeds']}")
+    ax.legend(fontsize=7)
+    return ax
+
+
 def plot_training(history: pd.DataFrame, title: str = "Training", target: float | None = None) -> Any:
     """Return, throughput, loss and hardware over the trial's time (one line per trial and figure)."""
     from matplotlib.figure import Figure
@@ -204,6 +238,8 @@ def figures(run: RunFolder) -> dict[str, Any]:
         out["doubling.png"] = plot_doubling(run).figure
         out["trials.png"] = plot_trial_curves(run).figure
         out["lr_return.png"] = plot_lr_return(run).figure
+        if run.confirm is not None:
+            out["confirm.png"] = plot_confirm(run).figure
     subject = subject_history(run)
     if not subject.empty:
         title = f"{run.name}: " + ("best trial" if run.kind == "sweep" else "training")

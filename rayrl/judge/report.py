@@ -60,6 +60,12 @@ def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseli
                           f"{_fmt(best.get('episode_return_mean'), '.1f')} after "
                           f"{_fmt(best.get('env_steps'), ',.0f')} env steps"),
                  ("trials", _fmt(s.get("trials"))), ("stopped early", _fmt(s.get("stopped_early")))]
+        if best.get("confirmed"):
+            lo, hi = best.get("ci95_cost") or (None, None)
+            rows.append(("confirmed on fresh seeds", f"median {best.get('objective')} to target "
+                         f"{_fmt(best.get('median_cost'))} (95% interval {_fmt(lo)} .. {_fmt(hi)}, IQM "
+                         f"{_fmt(best.get('iqm_cost'))}); {best.get('seeds_at_target')} seeds reached it; median "
+                         "return and env steps above"))
     rows.append(("return judged by", f"{run.judged_by} (history.csv {run.return_column}: best trial, stop "
                                      "criterion, reward part)"))
     rows += [("env steps", _fmt(s.get("env_steps_total", s.get("env_steps")), ",.0f")),
@@ -99,6 +105,7 @@ def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseli
         out += [_table([(r.trial_id, int(r.batch_size), _fmt(r.lr, ".3g"), _fmt(r.env_steps, ",.0f"),
                          _fmt(r.episode_return_mean, ".1f"), r.status) for r in t.itertuples()],
                        ("trial", "batch", "lr", "env steps", "return", "status")), ""]
+    out += confirmation_section(run)
     subject = subject_history(run)
     out += ["## Training", ""]
     if subject.empty:
@@ -119,6 +126,33 @@ def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseli
                         for d in run.drill.get("drills") or []], ("drill", "recovery (s)", "outcome")), ""]
     out += ["## Plots", ""] + [f"![{Path(name).stem}](plots/{name})" for name in plots] + [""]
     return "\n".join(out)
+
+
+def confirmation_section(run: RunFolder) -> list[str]:
+    """The confirmed answer: each candidate's median, IQM and bootstrap interval, then every seed's run."""
+    if run.kind != "sweep":
+        return []
+    c = run.summary.get("confirm")
+    out = ["## Confirmation on fresh seeds", ""]
+    if not c or run.confirm is None:
+        return out + ["Not run (search.confirm_top_k: 0, or no usable phase-2 trial): best_config.yaml is phase "
+                      "2's single best run, on one seed.", ""]
+    unit = {"usd": "USD", "wall_s": "wall s", "env_steps": "env steps"}.get(c.get("objective"), c.get("objective"))
+    out += [f"Phase 2's top {len(c['candidates'])} configs, each re-run on seeds {c['seeds']} (never used in "
+            f"phase 1 or 2) for up to {_fmt(c.get('env_steps_budget'), ',.0f')} env steps. The shipped config "
+            f"has the lowest median {unit} to return {_fmt(c.get('target_return'), 'g')}; a run that did not "
+            "reach it counts as infinite (shown as -). Interval: 95% percentile bootstrap of the median.", "",
+            _table([("**" + str(k["candidate"]) + "**" if k["candidate"] == c["chosen"] else k["candidate"],
+                     k["phase2_trial_id"], k["batch_size"], _fmt(k["lr"], ".3g"), f"{k['reached']}/{k['runs']}",
+                     _fmt(k["median"]), _fmt(k["iqm"]), f"{_fmt(k['ci_low'])} .. {_fmt(k['ci_high'])}",
+                     _fmt(k["median_return"], ".1f")) for k in c["candidates"]],
+                   ("candidate", "phase-2 trial", "batch", "lr", "at target", f"median {unit}", f"IQM {unit}",
+                    "95% interval", "median return")), "",
+            _table([(int(r.candidate), int(r.seed), r.trial_id, _fmt(r.env_steps, ",.0f"), _fmt(r.wall_s, ".1f"),
+                     _fmt(r.usd, ".4g"), _fmt(r.episode_return_mean, ".1f"), "yes" if r.reached else "no")
+                    for r in run.confirm.sort_values(["candidate", "seed"]).itertuples()],
+                   ("candidate", "seed", "trial", "env steps", "wall s", "USD", "return", "at target")), ""]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

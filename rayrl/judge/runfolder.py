@@ -22,7 +22,9 @@ from rayrl.sweep import pick_best
 DOUBLING_COLUMNS = ("batch_size", "env_steps_per_s", "gain", "decision")
 DECISIONS = ("expand", "stop", "cap", "failed")
 TRIALS_COLUMNS = ("trial_id", "batch_size", "lr", "env_steps", "episode_return_mean", "status")
-STRING_COLUMNS = ("trial_id", "phase", "backend", "precision", "decision", "status")
+CONFIRM_COLUMNS = ("candidate", "phase2_trial_id", "batch_size", "lr", "seed", "trial_id", "env_steps", "wall_s",
+                   "usd", "episode_return_mean", "reached")  # rayrl.confirm.CONFIRM_COLUMNS
+STRING_COLUMNS = ("trial_id", "phase", "backend", "precision", "decision", "status", "phase2_trial_id", "reached")
 # history.csv columns read as counts: NaN (not reported) is fine, an infinity is damage.
 WHOLE_HISTORY_COLUMNS = ("batch_size", keys.ITERATION, "env_steps", "nonfinite_steps", "num_learners")
 
@@ -42,6 +44,7 @@ class RunFolder:
     summary: dict = field(default_factory=dict)
     doubling: pd.DataFrame | None = None
     trials: pd.DataFrame | None = None
+    confirm: pd.DataFrame | None = None  # confirm.csv: phase 2's top configs re-run on fresh seeds
     best_config: dict | None = None
     drill: dict | None = None
     notes: list[str] = field(default_factory=list)
@@ -118,6 +121,10 @@ def load(path: str | Path) -> RunFolder:
                                  f"{', '.join(DECISIONS)}; the file is damaged.")
         run.trials = _read_csv(root / "trials.csv", TRIALS_COLUMNS, allow_empty=True)
         _check_numbers(root / "trials.csv", run.trials, ("batch_size", "lr"), required=True)
+        if (root / "confirm.csv").exists():
+            run.confirm = _read_csv(root / "confirm.csv", CONFIRM_COLUMNS, allow_empty=True)
+            _check_numbers(root / "confirm.csv", run.confirm, ("candidate", "batch_size", "lr", "seed"), required=True)
+            run.confirm["reached"] = run.confirm["reached"].eq("True")
         run.best_config = _read_yaml(root / "best_config.yaml", required=False) or None
         if run.best_config is None:
             notes.append("best_config.yaml is missing: no phase-2 trial finished.")

@@ -1,0 +1,151 @@
+"""The confirmation step's rules: which phase-2 configs to re-run, on which seeds, and which wins.
+
+Phase 2 runs each config once, on one seed, so its best trial is partly luck. The sweep re-runs
+the top ``search.confirm_top_k`` configs on ``search.confirm_seeds`` fresh seeds (never used by
+phase 1 or 2) and ships the config with the lowest *median* cost to the target return, where
+the cost is ``search.objective``: wall seconds, env steps or dollars (rayrl.cost's price model).
+A run that did not reach the target costs infinity, so a config that fails on most seeds cannot
+win on one lucky run. The spread is reported as rliable does (Agarwal et al., 2021): the median,
+the interquartile mean and a percentile-bootstrap interval.
+
+Pure functions of plain data (no Ray): the sweep (rayrl.sweep) calls them on Tune's results.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+OBJECTIVES = ("usd", "wall_s", "env_steps")
+SEED_STRIDE = 1000  #: confirmation seeds are phase seed + k x this: far from the env seeds RLlib derives
+CONFIRM_COLUMNS = ("candidate", "phase2_trial_id", "batch_size", "lr", "seed", "trial_id", "env_steps", "wall_s",
+                   "usd", "episode_return_mean", "reached")
+
+
+def rank(trials: Iterable[dict]) -> list[dict]:
+    """Phase-2 trials best first: those at the target by fewest env steps (ties: higher return), then
+    the rest by highest return; errored trials and trials with no return are left out."""
+    usable = [t for t in trials if t["episode_return_mean"] is not None and t["status"] != "error"]
+    reached = [t for t in usable if t["status"] == "reached_target" and t["env_steps"] is not None]
+    rest = [t for t in usable if not any(t is r for r in reached)]
+    return (sorted(reached, key=lambda t: (t["env_steps"], -t["episode_return_mean"]))
+            + sorted(rest, key=lambda t: -t["episode_return_mean"]))
+
+
+def top_configs(trials: Iterable[dict], k: int) -> list[dict]:
+    """The ``k`` best distinct (batch size, lr) configs of phase 2, best first."""
+    out: list[dict] = []
+    seen: set[tuple] = set()
+    for t in rank(trials):
+        key = (int(t["batch_size"]), float(t["lr"]))
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+        if len(out) == k:
+            break
+    return out
+
+
+def fresh_seeds(phase_seed: int, n: int, stride: int = SEED_STRIDE) -> list[int]:
+    """``n`` seeds phase 1 and 2 never used (they ran with ``phase_seed``), far apart so the env seeds
+    RLlib derives from each (seed + runner and env index) do not overlap either."""
+    return [phase_seed + stride * (i + 1) for i in range(n)]
+
+
+def run_cost(run: dict, objective: str) -> float:
+    """One confirmation run's cost to the target under ``objective``; infinity if it never got there."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    value = run.get(objective)
+    if not run.get("reached") or value is None or not math.isfinite(float(value)):
+        return math.inf
+    return float(value)
+
+
+def iqm(values: Sequence[float]) -> float:
+    """Interquartile mean: the mean of the middle 50% (trim int(n/4) from each end, as scipy.stats.trim_mean
+    with 0.25 and rliable do)."""
+    x = np.sort(np.asarray(values, dtype=float))
+    if x.size == 0:
+        return math.nan
+    cut = int(0.25 * x.size)
+    return float(np.mean(x[cut:x.size - cut]))
+
+
+def bootstrap_interval(values: Sequence[float], stat: str = "median", confidence: float = 0.95,
+                       resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of ``stat`` (median or iqm) over the runs (seeded, so reproducible).
+
+    Infinite costs (runs that never reached the target) stay infinite, so the upper end says so.
+    """
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    samples = x[rng.integers(0, x.size, size=(resamples, x.size))]
+    if stat == "median":
+        stats = np.median(samples, axis=1)  # costs are >= 0, so inf + inf never meets -inf: no NaN
+    elif stat == "iqm":
+        cut = int(0.25 * x.size)
+        stats = np.mean(np.sort(samples, axis=1)[:, cut:x.size - cut], axis=1)
+    else:
+        raise ValueError(f"stat: {stat!r} is not median or iqm")
+    alpha = (1.0 - confidence) / 2
+    return (float(np.quantile(stats, alpha, method="lower")),
+            float(np.quantile(stats, 1.0 - alpha, method="higher")))
+
+
+def median(values: Sequence[float]) -> float:
+    """The median (NaN for no values); a config at the target on half its seeds or fewer has an infinite one."""
+    x = np.asarray(values, dtype=float)
+    return float(np.median(x)) if x.size else math.nan
+
+
+def summarise(runs: Sequence[dict], objective: str, seed: int = 0) -> list[dict]:
+    """Per candidate: its runs' costs, median, IQM and bootstrap interval, runs at the target, median return.
+
+    ``runs``: rows of confirm.csv (``candidate``, ``batch_size``, ``lr``, ``phase2_trial_id``, the cost
+    columns, ``reached``, ``episode_return_mean``). Candidates come back in their phase-2 rank order.
+    """
+    by: dict[int, list[dict]] = {}
+    for r in runs:
+        by.setdefault(int(r["candidate"]), []).append(r)
+    out = []
+    for cand, rows in sorted(by.items()):
+        costs = [run_cost(r, objective) for r in rows]
+        returns = [float(r["episode_return_mean"]) for r in rows if r.get("episode_return_mean") is not None
+                   and math.isfinite(float(r["episode_return_mean"]))]
+        low, high = bootstrap_interval(costs, "median", seed=seed)
+        first = rows[0]
+        out.append({"candidate": cand, "phase2_trial_id": first["phase2_trial_id"],
+                    "batch_size": int(first["batch_size"]), "lr": float(first["lr"]),
+                    "seeds": [int(r["seed"]) for r in rows], "costs": costs, "median": median(costs),
+                    "iqm": iqm(costs), "ci_low": low, "ci_high": high, "reached": sum(bool(r["reached"]) for r in rows),
+                    "runs": len(rows), "median_return": median(returns) if returns else math.nan,
+                    "median_env_steps": median([float(r["env_steps"]) for r in rows if r.get("env_steps") is not None])})
+    return out
+
+
+def choose(candidates: Sequence[dict]) -> dict | None:
+    """The confirmed config: the lowest median cost; ties (e.g. none reached the target: all infinite) go
+    to the higher median return, then to the better phase-2 rank."""
+    if not candidates:
+        return None
+    ret = lambda c: c["median_return"] if math.isfinite(c["median_return"]) else -math.inf  # noqa: E731
+    return min(candidates, key=lambda c: (c["median"], -ret(c), c["candidate"]))
+
+
+def json_safe(value: float) -> float | None:
+    """Infinity and NaN as null (JSON has neither)."""
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def jsonable(candidate: dict) -> dict:
+    """A :func:`summarise` row for summary.json: infinite costs and figures as null."""
+    out = dict(candidate)
+    out["costs"] = [json_safe(x) for x in candidate["costs"]]
+    for k in ("median", "iqm", "ci_low", "ci_high", "median_return", "median_env_steps"):
+        out[k] = json_safe(candidate[k])
+    return out

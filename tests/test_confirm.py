@@ -1,0 +1,143 @@
+"""The confirmation step's rules (rayrl.confirm), without Ray: ranking, fresh seeds, costs, spread, choice."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rayrl import confirm, spec as S, throughput
+
+
+def _trial(tid: str, batch: int, lr: float, steps: int | None, ret: float | None, status: str) -> dict:
+    return {"trial_id": tid, "batch_size": batch, "lr": lr, "env_steps": steps, "episode_return_mean": ret,
+            "status": status}
+
+
+def _run(cand: int, seed: int, steps: float, reached: bool, wall: float = 10.0, usd: float = 0.001,
+         ret: float = 460.0, batch: int = 2048, lr: float = 3e-4) -> dict:
+    return {"candidate": cand, "phase2_trial_id": f"p{cand}", "batch_size": batch, "lr": lr, "seed": seed,
+            "trial_id": f"c{cand}_{seed}", "env_steps": steps, "wall_s": wall, "usd": usd,
+            "episode_return_mean": ret if reached else 200.0, "reached": reached}
+
+
+def test_rank_and_top_configs_take_phase2s_order_and_skip_duplicates_and_errors():
+    trials = [_trial("a", 2048, 1e-4, 90_000, 478.0, "reached_target"),
+              _trial("b", 512, 3e-4, 30_000, 452.0, "reached_target"),
+              _trial("c", 4096, 2e-4, 200_000, 330.0, "completed"),
+              _trial("d", 1024, 5e-4, 10_000, 500.0, "error"),
+              _trial("e", 512, 3e-4, 40_000, 455.0, "reached_target"),   # same config as b
+              _trial("f", 256, 1e-3, 40_000, None, "stopped_early")]
+    assert [t["trial_id"] for t in confirm.rank(trials)] == ["b", "e", "a", "c"]
+    assert [t["trial_id"] for t in confirm.top_configs(trials, 3)] == ["b", "a", "c"]
+    assert [t["trial_id"] for t in confirm.top_configs(trials, 10)] == ["b", "a", "c"]
+
+
+def test_fresh_seeds_are_new_and_distinct():
+    seeds = confirm.fresh_seeds(7, 4)
+    assert seeds == [1007, 2007, 3007, 4007]
+    assert 7 not in seeds and len(set(seeds)) == 4
+
+
+def test_cost_of_a_run_that_missed_the_target_is_infinite():
+    assert confirm.run_cost(_run(1, 1, 40_000, True, wall=12.5, usd=0.02), "env_steps") == 40_000
+    assert confirm.run_cost(_run(1, 1, 40_000, True, wall=12.5, usd=0.02), "wall_s") == 12.5
+    assert confirm.run_cost(_run(1, 1, 40_000, True, wall=12.5, usd=0.02), "usd") == 0.02
+    assert confirm.run_cost(_run(1, 1, 200_000, False), "env_steps") == math.inf
+    with pytest.raises(ValueError):
+        confirm.run_cost(_run(1, 1, 1, True), "return")
+
+
+def test_iqm_median_and_bootstrap_interval_numbers():
+    x = [1.0, 2.0, 3.0, 4.0, 100.0, 6.0, 7.0, 8.0]
+    assert confirm.iqm(x) == pytest.approx(np.mean([3.0, 4.0, 6.0, 7.0]))  # trims 2 from each end
+    assert confirm.iqm([5.0, 1.0, 9.0]) == pytest.approx(5.0)             # n=3: nothing trimmed
+    assert confirm.median([3.0, math.inf, 1.0]) == 3.0
+    assert confirm.median([1.0, math.inf]) == math.inf
+    low, high = confirm.bootstrap_interval([10.0, 11.0, 12.0, 13.0, 14.0], seed=1)
+    assert 10.0 <= low <= 12.0 <= high <= 14.0 and low < high
+    assert confirm.bootstrap_interval([10.0, 11.0, 12.0, 13.0, 14.0], seed=1) == (low, high)  # seeded
+    low, high = confirm.bootstrap_interval([5.0, math.inf, math.inf])
+    assert low == 5.0 and high == math.inf
+    assert confirm.bootstrap_interval([4.0, 4.0, 4.0]) == (4.0, 4.0)
+
+
+def test_confirmation_chooses_by_the_median_not_the_luckiest_run():
+    """Candidate 1 won phase 2 and has the single cheapest run, but on fresh seeds its median is worse."""
+    runs = [_run(1, 1000, 20_000, True), _run(1, 2000, 150_000, True), _run(1, 3000, 200_000, False),
+            _run(2, 1000, 60_000, True), _run(2, 2000, 55_000, True), _run(2, 3000, 70_000, True),
+            _run(3, 1000, 200_000, False), _run(3, 2000, 40_000, True), _run(3, 3000, 200_000, False)]
+    table = confirm.summarise(runs, "env_steps")
+    by = {c["candidate"]: c for c in table}
+    assert by[1]["median"] == 150_000 and by[2]["median"] == 60_000 and by[3]["median"] == math.inf
+    assert by[2]["iqm"] == pytest.approx(np.mean([55_000, 60_000, 70_000]))
+    assert by[1]["reached"] == 2 and by[3]["reached"] == 1 and by[2]["runs"] == 3
+    assert by[2]["seeds"] == [1000, 2000, 3000]
+    assert by[2]["ci_low"] >= 55_000 and by[2]["ci_high"] <= 70_000
+    assert confirm.choose(table)["candidate"] == 2
+    # the objective decides: if candidate 1's runs cost 0.3x per env step (a cheaper batch), dollars pick it
+    runs_usd = [{**r, "usd": r["env_steps"] / 1e6 * (0.3 if r["candidate"] == 1 else 1.0)} for r in runs]
+    usd = confirm.summarise(runs_usd, "usd")
+    assert usd[0]["median"] == pytest.approx(0.045) and usd[1]["median"] == pytest.approx(0.06)
+    assert confirm.choose(usd)["candidate"] == 1
+
+
+def test_when_no_config_reaches_the_target_the_higher_median_return_wins():
+    runs = [{**_run(c, s, 8000, False), "episode_return_mean": ret}
+            for c, s, ret in [(1, 1, 90.0), (1, 2, 40.0), (1, 3, 45.0), (2, 1, 60.0), (2, 2, 70.0), (2, 3, 20.0)]]
+    table = confirm.summarise(runs, "usd")
+    assert [c["median"] for c in table] == [math.inf, math.inf]
+    assert [c["median_return"] for c in table] == [45.0, 60.0]
+    assert confirm.choose(table)["candidate"] == 2
+    assert confirm.choose([]) is None
+
+
+def test_phase2_searches_below_the_ladder_down_to_min_batch():
+    assert throughput.search_batches([2048, 4096], start=2048, factor=2, min_batch=256) == [256, 512, 1024, 2048,
+                                                                                            4096]
+    assert throughput.search_batches([2048], start=2048, factor=2, min_batch=300) == [512, 1024, 2048]
+    assert throughput.search_batches([512], start=512, factor=2, min_batch=1024) == [512]
+    assert throughput.search_batches([], start=2048, factor=2, min_batch=256) == []
+
+
+def test_spec_fields_of_the_confirmation():
+    spec = S.from_dict({})
+    s = spec.search
+    assert (s.confirm_top_k, s.confirm_seeds, s.objective, s.min_batch) == (3, 3, "usd", 256)
+    with pytest.raises(S.SpecError, match="search.objective.*wall_s"):
+        S.from_dict({"search": {"objective": "return"}})
+    with pytest.raises(S.SpecError, match="search.confirm_seeds"):
+        S.from_dict({"search": {"confirm_seeds": 0}})
+
+
+def test_report_and_plot_show_every_seed_and_the_interval(tmp_path):
+    """report.md's confirmation section lists each candidate's median and interval and each seed's run."""
+    from test_report import write_run
+
+    from rayrl.judge import report, runfolder
+
+    root = write_run(tmp_path / "s")
+    runs = [_run(1, 1000, 20_000, True, usd=0.002), _run(1, 2000, 150_000, True, usd=0.015),
+            _run(1, 3000, 200_000, False, usd=0.02), _run(2, 1000, 60_000, True, usd=0.006, batch=512, lr=1e-3),
+            _run(2, 2000, 55_000, True, usd=0.0055, batch=512, lr=1e-3),
+            _run(2, 3000, 70_000, True, usd=0.007, batch=512, lr=1e-3)]
+    pd.DataFrame(runs, columns=confirm.CONFIRM_COLUMNS).to_csv(root / "confirm.csv", index=False)
+    table = confirm.summarise(runs, "usd")
+    summary = json.loads((root / "summary.json").read_text())
+    summary["confirm"] = {"objective": "usd", "seeds": [1000, 2000, 3000], "env_steps_budget": 200_000,
+                          "target_return": 400.0, "chosen": confirm.choose(table)["candidate"],
+                          "candidates": [confirm.jsonable(c) for c in table]}
+    (root / "summary.json").write_text(json.dumps(summary))
+    assert report.main([str(root)]) == 0
+    text = (root / "report.md").read_text()
+    section = text[text.index("## Confirmation on fresh seeds"):text.index("## Training")]
+    assert "| **2** | p2 | 512 | 0.001 | 3/3 | 0.006 |" in section  # the chosen one, bold, median 0.006
+    assert "| 1 | p1 | 2048 | 0.0003 | 2/3 | 0.015 |" in section
+    assert section.count("| yes |") == 5 and section.count("| no |") == 1
+    assert "| 1 | 3000 | c1_3000 | 200,000 |" in section
+    data = (root / "plots" / "confirm.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and "(plots/confirm.png)" in text
+    assert runfolder.load(root).confirm["reached"].sum() == 5
