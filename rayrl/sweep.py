@@ -9,6 +9,7 @@ Tune's restore keeps finished phase-2 trials.
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import math
 import time
@@ -17,6 +18,7 @@ from typing import Any
 
 from rayrl import keys, runtime, spec as spec_mod, throughput
 from rayrl.spec import Spec, SpecError
+from rayrl.storage.files import StorageError
 
 log = logging.getLogger("rayrl.sweep")
 
@@ -52,7 +54,7 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
                     SAFE_CAP)
     from rayrl.train import trial_resources
 
-    spec_mod.dump(spec, paths.run_dir / "spec.yaml")
+    paths.write_text("spec.yaml", spec_mod.dumps(spec))
     rows, phase1_steps = phase1(spec, paths)
     ladder = throughput.admissible(rows)
     knee = throughput.knee(rows)
@@ -80,14 +82,14 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "scheduler": spec.search.scheduler,
         "resources": trial_resources(spec),
     }
-    runtime.write_json(paths.run_dir / "summary.json", summary)
+    paths.write_json("summary.json", summary)
     if best is not None:
         best_spec = spec_mod.replace(
             spec, name=f"{paths.name}-best",
             algo={"lr": best["lr"], "train_batch_per_learner": best["batch_size"],
                   "minibatch_size": throughput.minibatch_for(best["batch_size"], spec.algo.train_batch_per_learner,
                                                              spec.algo.minibatch_size)})
-        spec_mod.dump(best_spec, paths.run_dir / "best_config.yaml")
+        paths.write_text("best_config.yaml", spec_mod.dumps(best_spec))
     return summary
 
 
@@ -123,7 +125,7 @@ def phase1(spec: Spec, paths: runtime.RunPaths) -> tuple[list[throughput.Row], i
         rungs.append(throughput.Rung(int(config_batch_lr(trial.config)[0]), sps))
         steps += int(keys.lookup(trial.last_result or {}, keys.ENV_STEPS, 0) or 0)
     rows = throughput.decide(rungs, factor=d.factor, cap=d.cap, min_gain=d.min_gain)
-    write_doubling(done, rows)
+    write_doubling(paths, rows)
     return rows, steps
 
 
@@ -149,7 +151,7 @@ def phase2(spec: Spec, paths: runtime.RunPaths, ladder: list[int]) -> tuple[list
                        verbose_label="phase 2")
     tuner.fit()
     trials = [_trial_row(t, spec) for t in _analysis(paths, "phase2").trials]
-    write_csv(paths.run_dir / "trials.csv", TRIAL_COLUMNS, trials)
+    write_csv(paths, "trials.csv", TRIAL_COLUMNS, trials)
     top = pick_best(trials)
     best = None if top is None else {k: top[k] for k in ("trial_id", "batch_size", "lr", "episode_return_mean",
                                                          "env_steps")}
@@ -174,7 +176,8 @@ def _analysis(paths: runtime.RunPaths, subdir: str) -> Any:
     """Tune's view of a finished phase; unlike a ResultGrid it keeps errored trials' configs."""
     from ray.tune import ExperimentAnalysis
 
-    return ExperimentAnalysis(f"{paths.storage}/{paths.name}/{subdir}")
+    path, fs = paths.experiment(subdir)
+    return ExperimentAnalysis(path, storage_filesystem=fs)
 
 
 def _base_params(spec: Spec) -> dict:
@@ -206,8 +209,8 @@ def _trial_row(trial: Any, spec: Spec) -> dict:
             "episode_return_mean": None if ret is None or not math.isfinite(ret) else float(ret)}
 
 
-def write_doubling(path: Path, rows: list[throughput.Row]) -> None:
-    write_csv(path, throughput.DOUBLING_COLUMNS, [
+def write_doubling(paths: runtime.RunPaths, rows: list[throughput.Row]) -> None:
+    write_csv(paths, "doubling.csv", throughput.DOUBLING_COLUMNS, [
         {"batch_size": r.batch_size, "env_steps_per_s": "" if r.env_steps_per_s is None else round(r.env_steps_per_s, 2),
          "gain": "" if r.gain is None else round(r.gain, 4), "decision": r.decision} for r in rows])
 
@@ -218,14 +221,13 @@ def read_doubling(path: Path) -> list[throughput.Row]:
                                float(r["gain"]) if r["gain"] else None, r["decision"]) for r in csv.DictReader(f)]
 
 
-def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
-    """Write to a temporary file, then rename: a kill mid-write never leaves a torn file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(columns))
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
+def write_csv(paths: runtime.RunPaths, rel: str, columns: tuple[str, ...], rows: list[dict]) -> None:
+    """One run-folder CSV, written atomically (and uploaded on object storage)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns))
+    writer.writeheader()
+    writer.writerows(rows)
+    paths.write_text(rel, buf.getvalue())
 
 
 def _phase_env_steps(history: Path, phase: str) -> int:
@@ -265,9 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         sys.stderr.write(textwrap.fill(f"sweep: error: {exc}", width=100) + "\n")
         return 2
-    runtime.init_ray(None, args.num_cpus)
     try:
-        summary = run(spec, paths)
+        with runtime.claim(paths):
+            runtime.init_ray(None, args.num_cpus)
+            summary = run(spec, paths)
+    except StorageError as exc:  # a full disk or a failed upload: say so, files intact, resumable
+        sys.stderr.write(textwrap.fill(f"sweep: error: {exc.strerror}", width=100) + "\n")
+        return 1
     except SweepError as exc:
         sys.stderr.write(textwrap.fill(f"sweep: error: {exc}", width=100) + "\n")
         return 1
