@@ -233,3 +233,12 @@ def test_an_unwritable_bucket_exits_2_before_ray(s3_server):
     said = " ".join(proc.stderr.split())
     assert proc.returncode == 2 and "s3://no-such-bucket/runs" in said and "not writable" in said
     assert "Traceback" not in proc.stderr and "Started a local Ray" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("command", ["report", "doctor", "drill"])
+def test_readers_take_a_uri_and_name_an_empty_one(s3_server, command):
+    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", command, "s3://rayrl/nothing/here"],
+                          env=subprocess_env(**s3_server.env), capture_output=True, text=True, timeout=120)
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "s3://rayrl/nothing/here" in said and "no files there" in said, proc.stderr
+    assert "Traceback" not in proc.stderr
