@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 import sys
 import time
@@ -12,6 +13,8 @@ from typing import Any, TextIO
 from ray.tune import Callback
 
 from rayrl import keys
+from rayrl.storage import files
+from rayrl.storage.files import StorageError
 
 
 def _num(value: Any) -> float:
@@ -63,25 +66,57 @@ def config_batch_lr(config: dict) -> tuple[Any, Any]:
 
 
 class HistoryWriter(Callback):
-    """Appends one row per trial result to ``history.csv``.
+    """Appends one row per trial result to ``history.csv``; on object storage, uploads it as it grows.
 
     After a recovery Tune replays iterations from the last checkpoint, so an iteration can appear
-    twice: the last row for a (trial_id, training_iteration) pair is the one that counts.
+    twice: the last row for a (trial_id, training_iteration) pair is the one that counts. Each row
+    is one fsync'd append, cut back on failure, so the file never ends in half a row. The upload
+    (the whole file, one object) happens at most every ``upload_s`` seconds and at the end.
+
+    A failed write (a full disk) must not surface as a traceback from inside Tune: the error is
+    printed once as one paragraph and raised from ``on_step_end`` of the next loop, where Tune
+    lets it end ``fit()``; the caller prints it again and exits 1, every file intact.
     """
 
-    def __init__(self, path: str | Path, phase: str) -> None:
+    def __init__(self, path: str | Path, phase: str, store: Any = None, upload_s: float = 10.0) -> None:
         self.path = Path(path)
         self.phase = phase
+        self.store = store
+        self.upload_s = upload_s
+        self._uploaded = 0.0
+        self.failed: StorageError | None = None
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        if self.failed is not None:
+            return
         batch, lr = trial_batch_lr(trial)
         row = history_row(result, trial.trial_id, self.phase, batch, lr)
-        new = not self.path.exists() or self.path.stat().st_size == 0
-        with self.path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(keys.HISTORY_COLUMNS))
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
+        try:
+            files.append_line(self.path, _csv_line(row.get(c) for c in keys.HISTORY_COLUMNS),
+                              header=_csv_line(keys.HISTORY_COLUMNS))
+            if self.store is not None and time.monotonic() - self._uploaded >= self.upload_s:
+                self._upload()
+        except StorageError as exc:
+            self.failed = exc
+            print(f"rayrl: error: {exc.strerror}", file=sys.stderr, flush=True)
+
+    def _upload(self) -> None:
+        self.store.upload(self.path.name)
+        self._uploaded = time.monotonic()
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        if self.failed is not None:
+            raise self.failed
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        if self.store is not None and self.failed is None:
+            self._upload()
+
+
+def _csv_line(values: Any) -> str:
+    buf = io.StringIO()
+    csv.writer(buf).writerow(list(values))
+    return buf.getvalue()
 
 
 class ProgressPrinter(Callback):

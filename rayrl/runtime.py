@@ -2,54 +2,92 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from rayrl.spec import SpecError
-
-REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "abfs://", "hdfs://")
+from rayrl.storage.files import write_local
+from rayrl.storage.lock import RunLock
+from rayrl.storage.mirror import RunStore, mirror_dir
+from rayrl.storage.uri import Location, check_writable, parse
 
 
 @dataclass(frozen=True)
 class RunPaths:
-    """``storage`` is what Tune gets; ``run_dir`` is the local run folder rayrl writes its files to."""
+    """Where one run lives.
+
+    ``storage`` is the --storage URI or folder as given; ``root`` the same as a pyarrow filesystem and
+    path (what Tune gets); ``run_dir`` the local folder rayrl writes its files to: the run folder
+    itself on local storage, a mirror on object storage, whose writes ``store`` also uploads.
+    """
 
     storage: str
     name: str
     run_dir: Path
     remote: bool
+    root: Location | None = None
+
+    @property
+    def location(self) -> Location:
+        """The run folder itself (STORAGE/NAME) on its filesystem."""
+        return (self.root or parse(self.storage)).child(self.name)
+
+    @property
+    def store(self) -> RunStore:
+        return RunStore(self.location, self.run_dir)
+
+    def tune_storage(self) -> dict:
+        """Tune's RunConfig storage arguments: the run folder on its filesystem."""
+        loc = self.location
+        return {"storage_path": loc.path, "storage_filesystem": None if loc.local else loc.fs}
+
+    def experiment(self, subdir: str) -> tuple[str, object]:
+        """(path, filesystem or None) of one of Tune's experiments in this run folder."""
+        loc = self.location
+        return loc.join(subdir), None if loc.local else loc.fs
+
+    def write_text(self, rel: str, text: str) -> None:
+        """Write a run-folder file atomically (and upload it on object storage)."""
+        self.store.write_text(rel, text)
+
+    def write_json(self, rel: str, data: dict) -> None:
+        self.store.write_text(rel, json.dumps(data, indent=2, default=str))
 
 
 def resolve(storage: str, name: str) -> RunPaths:
-    """Check the storage path and the name before any Ray work; create the local run folder.
+    """Check the storage (local folder or URI) and the name before any Ray work; create the run folder.
 
-    Remote storage (s3://, gs://) is handed to Tune as is; rayrl's own files (CSV, JSON, YAML)
-    are then kept in a local mirror under ~/.rayrl/runs/NAME and also copied to the bucket at the
-    end of the run.
+    Object storage: rayrl's own files (CSV, JSON, YAML) are written to a local mirror (see
+    rayrl.storage.mirror) and uploaded to STORAGE/NAME as each is written.
     """
-    if not name or "/" in name or name in (".", "..") or name.strip() != name:
+    if not name or "/" in name or name in (".", "..") or name.strip() != name or "?" in name:
         raise SpecError(f"--name: {name!r} is not a valid run name; use letters, digits, '-', '_' or '.' "
                         "with no '/' or surrounding spaces.")
-    if storage.startswith(REMOTE_SCHEMES):
-        run_dir = Path.home() / ".rayrl" / "runs" / name
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return RunPaths(storage.rstrip("/"), name, run_dir, True)
-    if "://" in storage:
-        raise SpecError(f"--storage: {storage!r} uses an unsupported scheme; give a local folder or one of "
-                        f"{', '.join(REMOTE_SCHEMES)}.")
-    root = Path(storage).expanduser().resolve()
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        (root / name).mkdir(exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=root / name, prefix=".write-test-"):
-            pass
-    except OSError as exc:
-        raise SpecError(f"--storage: {str(root)!r} is not a writable folder ({exc.strerror or exc}); give a "
-                        "folder you can write to, or an s3:// / gs:// URI.") from None
-    return RunPaths(str(root), name, root / name, False)
+    root = parse(storage)
+    run = root.child(name)
+    check_writable(run)
+    run_dir = Path(run.path) if root.local else mirror_dir(run)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return RunPaths(root.uri, name, run_dir, not root.local, root)
+
+
+@contextlib.contextmanager
+def claim(paths: RunPaths) -> Iterator[RunLock]:
+    """Hold the run's lock (exit 2 via LockHeld when another live run has it) and bring the mirror
+    up to date from the bucket, for the length of one run."""
+    loc = paths.location
+    with RunLock(loc.fs, loc.path, loc.uri) as lock:
+        if lock.took_over:
+            print(f"[rayrl] {loc.uri}: took over a stale lock ({lock.took_over})", flush=True)
+        if paths.remote:
+            pulled = paths.store.pull()
+            if pulled:
+                print(f"[rayrl] {loc.uri}: resuming from the bucket's run folder ({len(pulled)} files)", flush=True)
+        yield lock
 
 
 def _recorded_head_alive() -> bool:
@@ -92,10 +130,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Write a run-folder JSON file atomically: a kill mid-write leaves the old file, never a torn one.
-
-    Values JSON does not know (numpy scalars, paths) are written as their str().
+    """Write a local JSON file atomically (temp + fsync + rename): a kill or a full disk mid-write
+    leaves the old file, never a torn one. Values JSON does not know are written as their str().
     """
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    tmp.replace(path)
+    write_local(path, json.dumps(data, indent=2, default=str).encode())

@@ -534,8 +534,16 @@ def to_dict(spec: Any) -> dict:
     return dataclasses.asdict(spec)
 
 
+def dumps(spec: Spec) -> str:
+    """The spec as the YAML text `rayrl train --config` reads."""
+    return yaml.safe_dump(to_dict(spec), sort_keys=False)
+
+
 def dump(spec: Spec, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(spec), sort_keys=False))
+    """Write the spec atomically (temp + fsync + rename) to a local file."""
+    from rayrl.storage.files import write_local
+
+    write_local(path, dumps(spec).encode())
 
 
 def replace(spec: Spec, **sections: Mapping[str, Any]) -> Spec:

@@ -11,6 +11,7 @@ confirm.csv, and Tune's restore keeps finished trials.
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import math
 import time
@@ -19,6 +20,7 @@ from typing import Any
 
 from rayrl import confirm, keys, runtime, spec as spec_mod, throughput
 from rayrl.spec import Spec, SpecError, scaled_lr
+from rayrl.storage.files import StorageError
 
 log = logging.getLogger("rayrl.sweep")
 
@@ -63,7 +65,7 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
                     SAFE_CAP)
     from rayrl.train import trial_resources
 
-    spec_mod.dump(spec, paths.run_dir / "spec.yaml")
+    paths.write_text("spec.yaml", spec_mod.dumps(spec))
     rows, phase1_steps = phase1(spec, paths)
     ladder = throughput.admissible(rows)
     knee = throughput.knee(rows)
@@ -100,14 +102,14 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "return_judged_by": spec.judged_by,
         "resources": trial_resources(spec),
     }
-    runtime.write_json(paths.run_dir / "summary.json", summary)
+    paths.write_json("summary.json", summary)
     if best is not None:
         best_spec = spec_mod.replace(
             spec, name=f"{paths.name}-best",
             algo={"lr": best["lr"], "train_batch_per_learner": best["batch_size"],
                   "minibatch_size": throughput.minibatch_for(best["batch_size"], spec.algo.train_batch_per_learner,
                                                              spec.algo.minibatch_size)})
-        spec_mod.dump(best_spec, paths.run_dir / "best_config.yaml")
+        paths.write_text("best_config.yaml", spec_mod.dumps(best_spec))
     return summary
 
 
@@ -143,7 +145,7 @@ def phase1(spec: Spec, paths: runtime.RunPaths) -> tuple[list[throughput.Row], i
         rungs.append(throughput.Rung(int(config_batch_lr(trial.config)[0]), sps))
         steps += int(keys.lookup(trial.last_result or {}, keys.ENV_STEPS, 0) or 0)
     rows = throughput.decide(rungs, factor=d.factor, cap=d.cap, min_gain=d.min_gain)
-    write_doubling(done, rows)
+    write_doubling(paths, rows)
     return rows, steps
 
 
@@ -164,7 +166,7 @@ def phase2(spec: Spec, paths: runtime.RunPaths, batches: list[int]) -> tuple[lis
                        verbose_label="phase 2")
     tuner.fit()
     trials = [_trial_row(t, spec) for t in _analysis(paths, "phase2").trials]
-    write_csv(paths.run_dir / "trials.csv", TRIAL_COLUMNS, trials)
+    write_csv(paths, "trials.csv", TRIAL_COLUMNS, trials)
     top = pick_best(trials)
     best = None if top is None else {k: top[k] for k in ("trial_id", "batch_size", "lr", "episode_return_mean",
                                                          "env_steps")}
@@ -199,7 +201,7 @@ def confirmation(spec: Spec, paths: runtime.RunPaths, trials: list[dict]) -> tup
         if not candidates:
             return None, 0
         runs = run_confirm(spec, paths, candidates, confirm.fresh_seeds(spec.seed, s.confirm_seeds))
-        write_csv(done, confirm.CONFIRM_COLUMNS, runs)
+        write_csv(paths, "confirm.csv", confirm.CONFIRM_COLUMNS, runs)
     if not runs:
         return None, 0
     table = confirm.summarise(runs, s.objective, seed=spec.seed)
@@ -302,7 +304,8 @@ def _analysis(paths: runtime.RunPaths, subdir: str) -> Any:
     """
     from ray.tune import ExperimentAnalysis
 
-    analysis = ExperimentAnalysis(f"{paths.storage}/{paths.name}/{subdir}")
+    path, fs = paths.experiment(subdir)
+    analysis = ExperimentAnalysis(path, storage_filesystem=fs)
     if any(t.status not in ("TERMINATED", "ERROR") for t in analysis.trials):
         raise KeyboardInterrupt(f"{subdir} was interrupted")
     return analysis
@@ -337,8 +340,8 @@ def _trial_row(trial: Any, spec: Spec) -> dict:
             "episode_return_mean": None if ret is None or not math.isfinite(ret) else float(ret)}
 
 
-def write_doubling(path: Path, rows: list[throughput.Row]) -> None:
-    write_csv(path, throughput.DOUBLING_COLUMNS, [
+def write_doubling(paths: runtime.RunPaths, rows: list[throughput.Row]) -> None:
+    write_csv(paths, "doubling.csv", throughput.DOUBLING_COLUMNS, [
         {"batch_size": r.batch_size, "env_steps_per_s": "" if r.env_steps_per_s is None else round(r.env_steps_per_s, 2),
          "gain": "" if r.gain is None else round(r.gain, 4), "decision": r.decision} for r in rows])
 
@@ -349,14 +352,13 @@ def read_doubling(path: Path) -> list[throughput.Row]:
                                float(r["gain"]) if r["gain"] else None, r["decision"]) for r in csv.DictReader(f)]
 
 
-def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
-    """Write to a temporary file, then rename: a kill mid-write never leaves a torn file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(columns))
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
+def write_csv(paths: runtime.RunPaths, rel: str, columns: tuple[str, ...], rows: list[dict]) -> None:
+    """One run-folder CSV, written atomically (and uploaded on object storage)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns))
+    writer.writeheader()
+    writer.writerows(rows)
+    paths.write_text(rel, buf.getvalue())
 
 
 def _phase_env_steps(history: Path, phase: str) -> int:
@@ -394,9 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         sys.stderr.write(textwrap.fill(f"sweep: error: {exc}", width=100) + "\n")
         return 2
-    runtime.init_ray(None, args.num_cpus)
     try:
-        summary = run(spec, paths)
+        with runtime.claim(paths):
+            runtime.init_ray(None, args.num_cpus)
+            summary = run(spec, paths)
+    except StorageError as exc:  # a full disk or a failed upload: say so, files intact, resumable
+        sys.stderr.write(textwrap.fill(f"sweep: error: {exc.strerror}", width=100) + "\n")
+        return 1
     except SweepError as exc:
         sys.stderr.write(textwrap.fill(f"sweep: error: {exc}", width=100) + "\n")
         return 1

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from rayrl import keys, runtime, spec as spec_mod
 from rayrl.spec import Spec
+from rayrl.storage.files import StorageError
 
 
 def stop_criteria(spec: Spec) -> dict[str, float]:
@@ -40,14 +42,15 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
     from rayrl.progress import HistoryWriter, ProgressPrinter
 
     trainable = algorithm_class(spec.algo.name)
-    exp_path = _join(paths.storage, paths.name, subdir)
-    if tune.Tuner.can_restore(exp_path):
-        check_experiment_state(exp_path)
+    exp_path, fs = paths.experiment(subdir)
+    if tune.Tuner.can_restore(exp_path, storage_filesystem=fs):
+        if fs is None:
+            check_experiment_state(exp_path)
         return tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True,
-                                  param_space=param_space)
+                                  param_space=param_space, storage_filesystem=fs)
     run_config = tune.RunConfig(
         name=subdir,
-        storage_path=_join(paths.storage, paths.name),
+        **paths.tune_storage(),
         stop=stop if stop is not None else stop_criteria(spec),
         # Measurement-only trials (phase 1) keep no checkpoints and are not retried: a failing rung
         # is a finding (the ladder ends there), not an accident.
@@ -58,7 +61,7 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
         ),
         failure_config=tune.FailureConfig(max_failures=spec.checkpoint.max_failures if checkpoints else 0),
         callbacks=[ProgressPrinter(verbose_label, show_config=phase != "train"),
-                   HistoryWriter(paths.run_dir / "history.csv", phase), *(extra_callbacks or [])],
+                   HistoryWriter(paths.run_dir / "history.csv", phase, store=paths.store), *(extra_callbacks or [])],
         verbose=0,
     )
     tune_config = tune_config or tune.TuneConfig()
@@ -94,13 +97,9 @@ def trial_dirname(trial: Any) -> str:
     return f"{trial.trainable_name}_{trial.trial_id}"
 
 
-def _join(storage: str, *parts: str) -> str:
-    return "/".join([storage.rstrip("/"), *parts])
-
-
 def run(spec: Spec, paths: runtime.RunPaths) -> dict:
     """Train to the spec's stop criteria (resuming if the run exists); return the summary."""
-    spec_mod.dump(spec, paths.run_dir / "spec.yaml")
+    paths.write_text("spec.yaml", spec_mod.dumps(spec))
     start = time.monotonic()
     tuner = make_tuner(spec, paths)
     grid = tuner.fit()
@@ -127,7 +126,7 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "checkpoint": result.checkpoint.path if result.checkpoint else None,
         "resources": trial_resources(spec),
     }
-    runtime.write_json(paths.run_dir / "summary.json", summary)
+    paths.write_json("summary.json", summary)
     return summary
 
 
@@ -147,8 +146,13 @@ def trial_resources(spec: Spec) -> dict:
 def main(args: argparse.Namespace) -> int:
     spec = spec_mod.load(args.config, args.overrides)
     paths = runtime.resolve(args.storage, args.name or spec.name)
-    runtime.init_ray(args.address, args.num_cpus)
-    summary = run(spec, paths)
+    try:
+        with runtime.claim(paths):
+            runtime.init_ray(args.address, args.num_cpus)
+            summary = run(spec, paths)
+    except StorageError as exc:  # a full disk or a failed upload: one paragraph, files intact, resumable
+        print(f"rayrl train: error: {exc.strerror}", file=sys.stderr)
+        return 1
     ret = summary["episode_return_mean"]
     print(f"rayrl train: {summary['status']} after {summary['iterations']} iterations, "
           f"{summary['env_steps'] or 0:,.0f} env steps, return {ret if ret is not None else float('nan'):.1f}; "

@@ -96,3 +96,51 @@ def submit_job(command: list[str], env: dict, timeout: float, cwd: Path | None =
             break
         time.sleep(2)
     return proc
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[SimpleNamespace]:
+    """moto's S3-compatible server on 127.0.0.1 (own process group, ended by pid), with bucket 'rayrl'.
+
+    ``env`` holds what a client needs: fake credentials and AWS_ENDPOINT_URL, the usual setting an
+    S3-compatible store (MinIO, Ceph) is given by.
+    """
+    boto3 = pytest.importorskip("boto3")
+    server = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
+    port = free_port()
+    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_DISABLED": "true"}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    pytest.fail(f"moto_server did not listen on {port} within 60 s")
+                time.sleep(0.2)
+        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                              aws_secret_access_key="testing", region_name="us-east-1")
+        client.create_bucket(Bucket="rayrl")
+        yield SimpleNamespace(endpoint=endpoint, env=env, client=client, bucket="rayrl")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str) -> Iterator[bool]:
+    """A tmpfs of ``size`` mounted at ``path`` (yields True), or nothing when this user may not mount
+    (yields False; the caller then injects ENOSPC at the write call site instead)."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True).returncode == 0
+    try:
+        yield mounted
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)

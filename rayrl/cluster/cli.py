@@ -20,6 +20,7 @@ import yaml
 from rayrl.cluster.common import one_line
 from rayrl.cluster.kube import validate_kube
 from rayrl.cluster.launcher import validate_launcher
+from rayrl.cluster.storage_rules import kind as lifecycle_kind, validate_lifecycle
 
 EXIT_OK, EXIT_INVALID = 0, 2
 
@@ -40,7 +41,9 @@ def validate_file(path: str | Path) -> list[str]:
     if any(not isinstance(d, dict) for d in docs):
         bad = next(type(d).__name__ for d in docs if not isinstance(d, dict))
         return [f"{p}: holds a {bad}, not a mapping of keys; a cluster YAML is key: value pairs."]
-    if all("apiVersion" in d or "kind" in d for d in docs):
+    if len(docs) == 1 and lifecycle_kind(docs[0]):
+        problems = validate_lifecycle(docs[0])
+    elif all("apiVersion" in d or "kind" in d for d in docs):
         try:
             problems = [m for d in docs for m in validate_kube(d)]
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -55,11 +58,11 @@ def validate_file(path: str | Path) -> list[str]:
 
 
 def _expand(paths: Sequence[str]) -> Iterator[Path]:
-    """Files as given, folders as their *.yaml and *.yml files (sorted), so a folder is checked whole."""
+    """Files as given, folders as their *.yaml, *.yml and *.json files (sorted), so a folder is checked whole."""
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            yield from sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and q.is_file())
+            yield from sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml", ".json") and q.is_file())
         else:
             yield p
 
@@ -71,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         "is started and no cloud is contacted.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     validate = sub.add_parser(
-        "validate", help="validate launcher YAMLs (ray up) and KubeRay manifests",
+        "validate", help="validate launcher YAMLs (ray up), KubeRay manifests and bucket lifecycle rules",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.dedent("""\
             Validate cluster YAMLs; prints one OK line per valid file, exits 2 if any file is invalid.
@@ -85,10 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
             KubeRay manifests (RayCluster, RayJob, Volcano Queue): kind and apiVersion, rayVersion
             and image tags equal the installed Ray, authOptions.mode token and no token in env, a
             GPU worker group with nvidia.com/gpu limits equal to requests, minReplicas <=
-            maxReplicas, ClusterIP head service, a RayJob entrypoint, a Queue capability."""),
+            maxReplicas, ClusterIP head service, a RayJob entrypoint, a Queue capability.
+            Bucket lifecycle files (S3 `Rules`, GCS `rule`, JSON): the guide's tiers (warm on day
+            7, archive on day 37), transitions to ever colder classes the cloud accepts, a prefix
+            filter, no deletion before archive, clean-up of interrupted multipart uploads."""),
         epilog="example: rayrl cluster validate cluster_configs/gpu.yaml cluster_configs/kuberay/")
     validate.add_argument("files", nargs="+", metavar="FILE",
-                          help="cluster YAML, or a folder whose *.yaml / *.yml files (subfolders too) are all checked")
+                          help="cluster YAML or lifecycle JSON, or a folder whose *.yaml / *.yml / *.json files "
+                          "(subfolders too) are all checked")
     return parser
 
 

@@ -43,6 +43,8 @@ from rayrl.faults.drills import env_runner_drill, node_drill, trial_drill
 from rayrl.faults.restore import restore_checkpoints
 from rayrl.judge.runfolder import RunFolderError, load as load_run
 from rayrl.spec import Spec, SpecError
+from rayrl.storage.mirror import fetch, publish
+from rayrl.storage.uri import is_uri
 
 DRILLS = ("env_runner", "trial", "driver", "node")
 EXIT_USAGE = 2
@@ -201,6 +203,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise DrillError(f"--num-cpus: {args.num_cpus} is not a positive number of CPUs.")
         if args.timeout <= 0:
             raise DrillError(f"--timeout: {args.timeout:g} is not a positive number of seconds.")
+        source = args.run_dir if is_uri(args.run_dir) else None
+        if source:  # object storage: drill a local copy (checkpoints included), then upload drill.json
+            try:
+                fetch(source, full=True)
+            except (FileNotFoundError, SpecError, OSError) as exc:
+                raise DrillError(f"{source}: cannot read a run folder there ({exc}).") from None
         run_dir, spec, kind = check_run_dir(args.run_dir)
         if not os.access(run_dir, os.W_OK):
             raise DrillError(f"{run_dir}: not writable; the drills need RUN_DIR/drills/ and RUN_DIR/drill.json.")
@@ -223,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("\nrayrl drill: interrupted; drill.json was not updated.\n")
         return 130
+    if source:
+        publish(source, run_dir, ["drill.json"])
     drills, rate = data["drills"], data.get("restore_rate")
     ok = all(d["outcome"] == "recovered" for d in drills) and rate in (None, 1.0)
     summary = ", ".join(f"{d['name']} {d['outcome']}"

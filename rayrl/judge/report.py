@@ -12,7 +12,6 @@ import argparse
 import io
 import math
 import numbers
-import os
 import sys
 import textwrap
 from pathlib import Path
@@ -25,6 +24,8 @@ from rayrl.judge.acceptance import FAIL, PARTS, Check, part_verdicts
 from rayrl.judge.evaluation import evaluate, ladder_costs, run_costs
 from rayrl.judge.plots import figures
 from rayrl.judge.runfolder import RunFolder, RunFolderError, load, subject_history
+from rayrl.storage.files import write_local
+from rayrl.storage.mirror import publish
 
 EXIT_USAGE = 2
 
@@ -187,11 +188,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = render(run, checks, pngs, baseline)
         out = Path(args.out) if args.out else run.path
         _write(out, text, pngs)
+        if run.source and not args.out:  # the run folder is in object storage: the report goes there too
+            publish(run.source, out, ["report.md", *(f"plots/{n}" for n in pngs)])
     except (RunFolderError, OSError) as exc:
         sys.stderr.write(textwrap.fill(f"rayrl report: error: {exc}", width=100) + "\n")
         return EXIT_USAGE
     verdicts = part_verdicts(checks)
-    print(f"rayrl report: {out / 'report.md'}: " + ", ".join(f"{p} {v}" for p, v in verdicts.items()))
+    where = f"{run.source.partition('?')[0]}/report.md" if run.source and not args.out else out / "report.md"
+    print(f"rayrl report: {where}: " + ", ".join(f"{p} {v}" for p, v in verdicts.items()))
     return 1 if args.strict and FAIL in verdicts.values() else 0
 
 
@@ -203,8 +207,5 @@ def _png(fig: Any) -> bytes:
 
 def _write(out: Path, text: str, pngs: dict[str, bytes]) -> None:
     """Everything is rendered before this runs; each file is replaced atomically."""
-    (out / "plots").mkdir(parents=True, exist_ok=True)
     for name, data in {**{f"plots/{n}": d for n, d in pngs.items()}, "report.md": text.encode()}.items():
-        tmp = out / (name + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, out / name)
+        write_local(out / name, data)

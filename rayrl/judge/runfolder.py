@@ -17,6 +17,9 @@ import pandas as pd
 import yaml
 
 from rayrl import cost, keys
+from rayrl.spec import SpecError
+from rayrl.storage.mirror import fetch
+from rayrl.storage.uri import is_uri
 from rayrl.sweep import pick_best
 
 DOUBLING_COLUMNS = ("batch_size", "env_steps_per_s", "gain", "decision")
@@ -49,6 +52,7 @@ class RunFolder:
     drill: dict | None = None
     notes: list[str] = field(default_factory=list)
     sections: dict[str, Any] = field(default_factory=dict)  # spec sections as rayrl.spec dataclasses
+    source: str | None = None  # the storage URI when the run folder is in object storage (path: a local copy)
 
     @property
     def name(self) -> str:
@@ -86,6 +90,17 @@ class RunFolder:
 
 def load(path: str | Path) -> RunFolder:
     """Parse and check a run folder; raise :class:`RunFolderError` naming what is wrong."""
+    source = None
+    if is_uri(path):  # object storage: read a local copy of the run folder's files
+        source = str(path)
+        try:
+            path, _ = fetch(source)
+        except (FileNotFoundError, SpecError) as exc:
+            raise RunFolderError(f"{source}: no run folder there ({exc}). Give the URI a sweep or `rayrl train` "
+                                 "wrote to, i.e. STORAGE/NAME.") from None
+        except OSError as exc:
+            raise RunFolderError(f"{source}: cannot read it ({exc}); check the credentials and the endpoint "
+                                 "(AWS_ENDPOINT_URL or ?endpoint_override=).") from None
     root = Path(path)
     if not root.exists():
         raise RunFolderError(f"{root}: no such run folder. Give the folder a sweep or `rayrl train` wrote, "
@@ -100,7 +115,7 @@ def load(path: str | Path) -> RunFolder:
     if kind not in ("sweep", "train"):
         raise RunFolderError(f"{root / 'summary.json'}: kind {kind!r} is unknown; expected 'sweep' or 'train'.")
     notes: list[str] = []
-    run = RunFolder(path=root, kind=kind, spec=spec, summary=summary or {},
+    run = RunFolder(path=root, kind=kind, spec=spec, summary=summary or {}, source=source,
                     history=_read_csv(root / "history.csv", keys.HISTORY_COLUMNS), notes=notes)
     _check_numbers(root / "history.csv", run.history, WHOLE_HISTORY_COLUMNS, required=False)
     _check_summary(root / "summary.json", run.summary)

@@ -1,0 +1,83 @@
+"""The done-when test of object storage: a sweep and `rayrl train` on an S3-compatible server (moto),
+every local copy deleted, then the bucket alone: the contract parses, resume repeats nothing,
+`rayrl train` continues its counters, `rayrl report` works on the URI."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from rayrl import keys
+
+from conftest import ROOT, subprocess_env
+
+pytestmark = pytest.mark.slow
+
+TINY = ["--set", "env.envs_per_runner=2", "--set", "algo.train_batch_per_learner=512",
+        "--set", "algo.minibatch_size=256", "--set", "algo.epochs=1", "--set", "resources.env_runners=0"]
+SWEEP = [sys.executable, str(ROOT / "experiments" / "sweep.py"), "--storage", "s3://rayrl/e2e", "--name", "sw",
+         "--num-cpus", "2", *TINY, "--set", "search.doubling.start=512", "--set", "search.doubling.cap=512",
+         "--set", "search.doubling.warmup_iters=0", "--set", "search.doubling.measure_iters=1",
+         "--set", "search.num_samples=2", "--set", "search.max_env_steps=1024",
+         "--set", "search.grace_env_steps=512", "--set", "search.max_concurrent=1"]
+TRAIN = [sys.executable, "-m", "rayrl.cli", "train", "--config", str(ROOT / "experiments/configs/cartpole_ppo.yaml"),
+         "--storage", "s3://rayrl/e2e", "--name", "tr", "--num-cpus", "2", *TINY, "--set", "checkpoint.every=1",
+         "--set", "stop.episode_return=100000"]
+
+
+def _run(cmd: list[str], env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _get(s3_server, key: str) -> bytes:
+    return s3_server.client.get_object(Bucket=s3_server.bucket, Key=key)["Body"].read()
+
+
+def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path):
+    home = tmp_path / "home"
+    env = subprocess_env(**s3_server.env, RAYRL_HOME=str(home))
+    _run(SWEEP, env)
+    _run([*TRAIN, "--set", "stop.env_steps=1024"], env)
+    shutil.rmtree(home)  # every local copy of both run folders is gone
+
+    get = lambda key: _get(s3_server, f"e2e/{key}")  # noqa: E731
+    doubling = pd.read_csv(io.BytesIO(get("sw/doubling.csv")))
+    assert list(doubling["batch_size"]) == [512] and list(doubling["decision"]) == ["cap"]
+    trials = pd.read_csv(io.BytesIO(get("sw/trials.csv")))
+    assert len(trials) == 2 and set(trials["batch_size"]) == {512}
+    summary = json.loads(get("sw/summary.json"))
+    assert summary["knee_batch_size"] == 512 and summary["best"]["trial_id"] in set(trials["trial_id"])
+    assert yaml.safe_load(get("sw/best_config.yaml"))["algo"]["train_batch_per_learner"] == 512
+    assert yaml.safe_load(get("sw/spec.yaml"))["search"]["num_samples"] == 2
+    assert set(pd.read_csv(io.BytesIO(get("sw/history.csv")))["phase"]) == {"doubling", "search"}
+    train_summary = json.loads(get("tr/summary.json"))
+    assert train_summary["status"] == "finished" and train_summary["env_steps"] >= 1024
+    assert len(pd.read_csv(io.BytesIO(get("tr/history.csv")))) == train_summary["iterations"] == 2
+
+    again = _run(SWEEP, env)  # from the bucket alone
+    assert "phase 1 already finished" in again.stdout and "resuming from the bucket" in again.stdout
+    assert "[phase 1" not in again.stdout and "[phase 2" not in again.stdout  # nothing reran
+    assert pd.read_csv(io.BytesIO(get("sw/trials.csv"))).sort_values("trial_id").reset_index(drop=True).equals(
+        trials.sort_values("trial_id").reset_index(drop=True))
+    shutil.rmtree(home)
+    more = _run([*TRAIN, "--set", "stop.env_steps=2048"], env)
+    assert "iter 3" in more.stdout and "iter 1 " not in more.stdout  # counters go on from the checkpoint
+    history = pd.read_csv(io.BytesIO(get("tr/history.csv")))
+    assert list(history[keys.ITERATION]) == [1, 2, 3, 4]
+    assert json.loads(get("tr/summary.json"))["env_steps"] >= 2048
+
+    shutil.rmtree(home)
+    report = subprocess.run([sys.executable, "-m", "rayrl.cli", "report", "s3://rayrl/e2e/sw"], env=env,
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
+    assert "s3://rayrl/e2e/sw/report.md" in report.stdout
+    assert get("sw/report.md").startswith(b"#")
