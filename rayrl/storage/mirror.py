@@ -20,7 +20,7 @@ from rayrl.storage.lock import LOCK_FILE
 from rayrl.storage.uri import Location, is_uri, parse
 
 # Tune's experiment folders: never mirrored file by file (Tune syncs them itself).
-TUNE_DIRS = ("phase1", "phase2", "tune", "drills")
+TUNE_DIRS = ("phase1", "phase2", "confirm", "tune", "drills")
 
 
 def home() -> Path:
