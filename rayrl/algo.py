@@ -15,6 +15,7 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.tune.registry import register_env
 
 from rayrl import keys, metrics
+from rayrl.faults.watchdog import Watchdog
 from rayrl.spec import Spec, resolve_factory
 
 
@@ -68,7 +69,8 @@ def build_config(spec: Spec) -> AlgorithmConfig:
             num_cpus_per_learner=r.cpus_per_learner if r.gpus_per_learner == 0 or r.learners else "auto",
             custom_resources_per_learner=dict(r.custom_per_learner),
             learner_class=learner_class(a.name),
-            learner_config_dict=learner_settings(spec),
+            # rayrl's settings ride in the config; the watchdog in RayrlCallback reads hung_runner_s.
+            learner_config_dict={**learner_settings(spec), "hung_runner_s": spec.checkpoint.hung_runner_s},
         )
         .training(
             lr=spec.effective_lr,
@@ -86,6 +88,8 @@ def build_config(spec: Spec) -> AlgorithmConfig:
         .debugging(seed=spec.seed, log_level="ERROR")
         .reporting(metrics_num_episodes_for_smoothing=20)
     )
+    if spec.checkpoint.hung_runner_s > 0:  # a hung runner's late sample is dropped before the watchdog acts
+        config.env_runners(sample_timeout_s=min(config.sample_timeout_s or 60.0, spec.checkpoint.hung_runner_s / 2))
     if a.name == "PPO":
         config = config.training(lambda_=a.gae_lambda)
         config.env_runners(rollout_fragment_length="auto")
@@ -132,10 +136,12 @@ class RayrlCallback(RLlibCallback):
         self._last_steps: float | None = None
         self._last_time = 0.0
         self._observer: metrics.TrialObserver | None = None
+        self._watchdog: Watchdog | None = None
 
     def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
         # Made here, not at the first result, so the first hardware interval spans the first iteration.
         self._observer = metrics.TrialObserver(algorithm)
+        self._watchdog = Watchdog((algorithm.config.learner_config_dict or {}).get("hung_runner_s", 0.0))
 
     def on_train_result(self, *, algorithm: Any, result: dict, **kwargs: Any) -> None:
         cfg = algorithm.config
@@ -165,6 +171,7 @@ class RayrlCallback(RLlibCallback):
             **learner_stats,
         }
         self._observer.observe(result)  # hardware sample into result["rayrl"]; Ray gauges
+        result["rayrl"]["hung_runner_restarts"] = self._watchdog.check(algorithm)
 
 
 def _learner_backend(algorithm: Any) -> str:

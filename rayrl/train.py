@@ -36,9 +36,13 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
     from ray import tune
 
     from rayrl.algo import algorithm_class, build_config
+    from rayrl.faults.preemption import DriverPreemption, FailureBudget
     from rayrl.progress import HistoryWriter, ProgressPrinter
+    from rayrl.storage.trainable import settings_for, tiered_trainable
 
     trainable = algorithm_class(spec.algo.name)
+    if checkpoints:  # tiered, verified checkpoints and SIGTERM handling (rayrl.storage.trainable)
+        trainable = tiered_trainable(trainable, settings_for(spec))
     exp_path = _join(paths.storage, paths.name, subdir)
     if tune.Tuner.can_restore(exp_path):
         check_experiment_state(exp_path)
@@ -55,9 +59,12 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
             checkpoint_frequency=spec.checkpoint.every if checkpoints else 0,
             checkpoint_at_end=checkpoints,
         ),
-        failure_config=tune.FailureConfig(max_failures=spec.checkpoint.max_failures if checkpoints else 0),
+        # Tune retries forever; FailureBudget ends the run at max_failures within failure_window_s.
+        failure_config=tune.FailureConfig(max_failures=-1 if checkpoints else 0),
         callbacks=[ProgressPrinter(verbose_label, show_config=phase != "train"),
-                   HistoryWriter(paths.run_dir / "history.csv", phase), *(extra_callbacks or [])],
+                   HistoryWriter(paths.run_dir / "history.csv", phase), *(extra_callbacks or []),
+                   *([FailureBudget(spec.checkpoint.max_failures, spec.checkpoint.failure_window_s),
+                      DriverPreemption()] if checkpoints else [])],
         verbose=0,
     )
     tune_config = tune_config or tune.TuneConfig()
@@ -99,19 +106,25 @@ def _join(storage: str, *parts: str) -> str:
 
 def run(spec: Spec, paths: runtime.RunPaths) -> dict:
     """Train to the spec's stop criteria (resuming if the run exists); return the summary."""
+    from rayrl.faults import preemption
+    from rayrl.storage.checkpoints import fallbacks
+
     spec_mod.dump(spec, paths.run_dir / "spec.yaml")
     start = time.monotonic()
     tuner = make_tuner(spec, paths)
+    preemption.install_driver_handler(spec.checkpoint.preempt_grace_s)
     grid = tuner.fit()
     result = grid[0]
     metrics = result.metrics or {}
+    preempted, budget = preemption.driver_preempted(), preemption.budget_exceeded()
+    status = ("error" if result.error or budget else "preempted" if preempted["requested_at"] else "finished")
     summary = {
         "kind": "train",
         "name": paths.name,
         "algorithm": spec.algo.name,
         "env": spec.env.id,
-        "status": "error" if result.error else "finished",
-        "error": str(result.error).splitlines()[0] if result.error else None,
+        "status": status,
+        "error": str(result.error).splitlines()[0] if result.error else (budget or None),
         "iterations": metrics.get(keys.ITERATION),
         "env_steps": keys.lookup(metrics, keys.ENV_STEPS),
         "episode_return_mean": keys.lookup(metrics, keys.EPISODE_RETURN),
@@ -122,6 +135,11 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "global_batch": keys.lookup(metrics, keys.GLOBAL_BATCH),
         "checkpoint": result.checkpoint.path if result.checkpoint else None,
         "resources": trial_resources(spec),
+        "preempted": ({"checkpointed": not preempted["timed_out"],
+                       "stop_s": round(time.time() - preempted["requested_at"], 2)}
+                      if preempted["requested_at"] else None),
+        "checkpoint_fallbacks": fallbacks(paths.run_dir),
+        "hung_runner_restarts": keys.lookup(metrics, keys.HUNG_RUNNER_RESTARTS),
     }
     runtime.write_json(paths.run_dir / "summary.json", summary)
     return summary
@@ -140,10 +158,18 @@ def main(args: argparse.Namespace) -> int:
     paths = runtime.resolve(args.storage, args.name or spec.name)
     runtime.init_ray(args.address, args.num_cpus)
     summary = run(spec, paths)
+    from rayrl.faults import preemption
+
     ret = summary["episode_return_mean"]
     print(f"rayrl train: {summary['status']} after {summary['iterations']} iterations, "
           f"{summary['env_steps'] or 0:,.0f} env steps, return {ret if ret is not None else float('nan'):.1f}; "
           f"run folder {paths.run_dir}")
+    if summary["status"] == "preempted":
+        print(f"rayrl train: stopped by SIGTERM {summary['preempted']['stop_s']:.1f}s after the signal, "
+              + ("with a checkpoint of the last iteration" if summary["preempted"]["checkpointed"]
+                 else "before a new checkpoint was written (the grace period ran out)")
+              + "; run the same command to resume.")
+        return preemption.EXIT_PREEMPTED
     if summary["status"] != "finished":
         print(f"rayrl train: the trial failed: {summary['error']}; run the same command to retry from the "
               "latest checkpoint.")
