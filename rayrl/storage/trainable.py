@@ -98,10 +98,14 @@ def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
             return super().restore(_TrainingResult(checkpoint=local, metrics=metrics))
 
         def cleanup(self) -> None:
-            uploader = getattr(self, "_rayrl_uploader", None)
+            # Tier 1 is a cache for this trial's process (and for a retry on this node after a crash):
+            # once every upload landed, a stopping trial removes it.
+            uploader, storage = getattr(self, "_rayrl_uploader", None), getattr(self, "_storage", None)
             if uploader is not None and not uploader.drain(DRAIN_S):
                 print(f"[rayrl] {uploader.pending} checkpoint upload(s) did not finish in {DRAIN_S:g}s; "
                       "their local copies stay in tier 1", flush=True)
+            elif uploader is not None and storage is not None:
+                shutil.rmtree(ck.local_root(self._rayrl_tier, storage.trial_fs_path), ignore_errors=True)
             super().cleanup()
 
     Tiered.__name__ = Tiered.__qualname__ = base.__name__
