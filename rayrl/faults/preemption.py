@@ -116,6 +116,19 @@ def _driver_stop() -> None:
         _interrupt_tune()
 
 
+def _wait_until_stored(checkpoint: Any, deadline: float) -> None:
+    """Wait (until ``deadline``) for a tiered checkpoint's background upload: its manifest in storage.
+
+    The node may go with the driver, and tier 1 with it; only storage survives a preemption.
+    """
+    from rayrl.storage.checkpoints import remote_manifest
+
+    checkpoint = getattr(checkpoint, "checkpoint", checkpoint)  # a _TrainingResult or the Checkpoint itself
+    fs, path = getattr(checkpoint, "filesystem", None), getattr(checkpoint, "path", None)
+    while fs is not None and path and time.time() < deadline and remote_manifest(fs, path) is None:
+        time.sleep(0.2)
+
+
 class DriverPreemption(Callback):
     """After a SIGTERM to the driver: one more checkpoint of every running trial, then a clean Tune stop."""
 
@@ -132,6 +145,7 @@ class DriverPreemption(Callback):
         if _DRIVER["requested_at"] is None or trial.trial_id not in self.asked:
             return
         self.checkpointed.add(trial.trial_id)
+        _wait_until_stored(checkpoint, _DRIVER["requested_at"] + _DRIVER["grace_s"] - 2.0)
         running = {t.trial_id for t in trials if t.status == "RUNNING"}
         if running <= self.checkpointed:
             print("[rayrl] SIGTERM: checkpoint written; stopping", flush=True)
