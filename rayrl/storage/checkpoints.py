@@ -118,6 +118,7 @@ class Uploader:
         self.stats = UploadStats()
         self._queue: queue.Queue = queue.Queue()
         self._pending = 0
+        self.waiting: set[str] = set()  #: tier-1 folders not yet in storage (never pruned)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         threading.Thread(target=self._run, name="rayrl-checkpoint-upload", daemon=True).start()
@@ -127,9 +128,14 @@ class Uploader:
         with self._lock:
             return self._pending
 
+    def waiting_paths(self) -> set[str]:
+        with self._lock:
+            return set(self.waiting)
+
     def submit(self, local: Path, fs: Any, dest: str) -> None:
         with self._lock:
             self._pending += 1
+            self.waiting.add(str(local))
         self._queue.put((local, fs, dest))
 
     def drain(self, timeout_s: float) -> bool:
@@ -182,6 +188,7 @@ class Uploader:
                     backoff = min(self.max_backoff_s, backoff * 2)
             with self._idle:
                 self._pending -= 1
+                self.waiting.discard(str(local))
                 self._idle.notify_all()
 
 

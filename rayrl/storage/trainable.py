@@ -71,7 +71,7 @@ def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
                 self._rayrl_uploader.upload_now(local, storage.storage_filesystem, dest)
             else:
                 self._rayrl_uploader.submit(local, storage.storage_filesystem, dest)
-            ck.prune_local(root, self._rayrl_tier.keep, protect={str(local)})
+            ck.prune_local(root, self._rayrl_tier.keep, protect={str(local), *self._rayrl_uploader.waiting_paths()})
             self._rayrl_stall_s = time.perf_counter() - start
             self._rayrl_preempt.saved = preempted
             return _TrainingResult(checkpoint=Checkpoint(filesystem=storage.storage_filesystem, path=dest),
