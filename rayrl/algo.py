@@ -14,6 +14,7 @@ from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from rayrl import keys, metrics, models
 from rayrl.envs import registry
+from rayrl.faults.watchdog import Watchdog
 from rayrl.sampling import runner_class
 from rayrl.spec import Spec
 
@@ -44,7 +45,8 @@ def build_config(spec: Spec) -> AlgorithmConfig:
             num_cpus_per_learner=r.cpus_per_learner if r.gpus_per_learner == 0 or r.learners else "auto",
             custom_resources_per_learner=dict(r.custom_per_learner),
             learner_class=learner_class(a.name),
-            learner_config_dict=learner_settings(spec),
+            # rayrl's settings ride in the config; the watchdog in RayrlCallback reads hung_runner_s.
+            learner_config_dict={**learner_settings(spec), "hung_runner_s": spec.checkpoint.hung_runner_s},
         )
         .training(
             lr=spec.effective_lr,
@@ -69,6 +71,8 @@ def build_config(spec: Spec) -> AlgorithmConfig:
         config.evaluation(evaluation_interval=e.interval, evaluation_duration=e.episodes,
                           evaluation_duration_unit="episodes", evaluation_num_env_runners=e.env_runners,
                           evaluation_config={"explore": not e.deterministic})
+    if spec.checkpoint.hung_runner_s > 0:  # a hung runner's late sample is dropped before the watchdog acts
+        config.env_runners(sample_timeout_s=min(config.sample_timeout_s or 60.0, spec.checkpoint.hung_runner_s / 2))
     if a.name == "PPO":
         config = config.training(lambda_=a.gae_lambda)
         config.env_runners(rollout_fragment_length="auto")
@@ -116,10 +120,12 @@ class RayrlCallback(RLlibCallback):
         self._last_time = 0.0
         self._observer: metrics.TrialObserver | None = None
         self._returns = {"train_return": math.nan, "eval_return": math.nan}  # last known
+        self._watchdog: Watchdog | None = None
 
     def on_algorithm_init(self, *, algorithm: Any, **kwargs: Any) -> None:
         # Made here, not at the first result, so the first hardware interval spans the first iteration.
         self._observer = metrics.TrialObserver(algorithm)
+        self._watchdog = Watchdog((algorithm.config.learner_config_dict or {}).get("hung_runner_s", 0.0))
 
     def on_train_result(self, *, algorithm: Any, result: dict, **kwargs: Any) -> None:
         cfg = algorithm.config
@@ -150,6 +156,7 @@ class RayrlCallback(RLlibCallback):
             **self._known_returns(result),
         }
         self._observer.observe(result)  # hardware sample into result["rayrl"]; Ray gauges
+        result["rayrl"]["hung_runner_restarts"] = self._watchdog.check(algorithm)
 
 
     def _known_returns(self, result: dict) -> dict:

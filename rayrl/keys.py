@@ -28,6 +28,9 @@ NONFINITE_STEPS = "rayrl/nonfinite_steps"             #: skipped non-finite step
 LOSS_SCALE = "rayrl/loss_scale"                        #: fp16 dynamic loss scale (NaN otherwise)
 GRAD_NORM = "rayrl/grad_norm"                          #: pre-clip global gradient norm
 TOTAL_LOSS = "rayrl/total_loss"
+HUNG_RUNNER_RESTARTS = "rayrl/hung_runner_restarts"    #: EnvRunners the watchdog restarted (this process)
+CHECKPOINT_STALL_S = "rayrl/checkpoint_stall_s"        #: training time the last checkpoint took
+CHECKPOINT_UPLOAD_FAILURES = "rayrl/checkpoint_upload_failures"  #: failed upload attempts (retried)
 
 
 def return_key(judged_by: str) -> str:

@@ -137,8 +137,22 @@ class StopSpec:
 class CheckpointSpec:
     every: int = doc(5, "checkpoint every N training iterations (and at the end)", min=1)
     keep: int = doc(3, "checkpoints kept (the newest)", min=1)
-    max_failures: int = doc(3, "retries from the latest checkpoint after a trial fails; -1 retries forever",
-                            min=-1)
+    max_failures: int = doc(10, "trial failures (preemptions, crashes) allowed within failure_window_s; each "
+                            "retries from the newest intact checkpoint; one more ends the run, resumably; "
+                            "-1 retries forever", min=-1)
+    failure_window_s: float = doc(3600.0, "the sliding window max_failures counts in, seconds (a budget by rate, "
+                                  "not over the run's life: a spot run survives a preemption an hour for days, "
+                                  "a crash loop ends in minutes)", gt=0.0)
+    tiered: bool = doc(True, "write each checkpoint to local_dir first and upload it to the storage in the "
+                       "background (training does not wait on the upload); false uploads before training goes on")
+    local_dir: str = doc("~/.rayrl/checkpoints", "tier-1 folder for checkpoints on each trial's node (a local "
+                         "SSD); restore prefers an intact copy here over downloading from storage")
+    preempt_grace_s: float = doc(25.0, "after a SIGTERM (spot reclaim, Kubernetes), the checkpoint of the "
+                                 "iteration in progress must be written within this; then the process exits "
+                                 "(AWS spot gives 120 s, GCP preemptible 30 s, Kubernetes "
+                                 "terminationGracePeriodSeconds, default 30 s)", gt=0.0)
+    hung_runner_s: float = doc(300.0, "restart an EnvRunner that has not answered for this long while the run "
+                               "waits on it (a hung env step); 0 turns the watchdog off", ge=0.0)
 
 
 @dataclass(frozen=True)

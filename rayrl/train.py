@@ -39,9 +39,13 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
     from ray import tune
 
     from rayrl.algo import algorithm_class, build_config
+    from rayrl.faults.preemption import DriverPreemption, FailureBudget
     from rayrl.progress import HistoryWriter, ProgressPrinter
+    from rayrl.storage.trainable import settings_for, tiered_trainable
 
     trainable = algorithm_class(spec.algo.name)
+    if checkpoints:  # tiered, verified checkpoints and SIGTERM handling (rayrl.storage.trainable)
+        trainable = tiered_trainable(trainable, settings_for(spec))
     exp_path, fs = paths.experiment(subdir)
     if tune.Tuner.can_restore(exp_path, storage_filesystem=fs):
         if fs is None:
@@ -59,9 +63,12 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
             checkpoint_frequency=spec.checkpoint.every if checkpoints else 0,
             checkpoint_at_end=checkpoints,
         ),
-        failure_config=tune.FailureConfig(max_failures=spec.checkpoint.max_failures if checkpoints else 0),
+        # Tune retries forever; FailureBudget ends the run at max_failures within failure_window_s.
+        failure_config=tune.FailureConfig(max_failures=-1 if checkpoints else 0),
         callbacks=[ProgressPrinter(verbose_label, show_config=phase != "train"),
-                   HistoryWriter(paths.run_dir / "history.csv", phase, store=paths.store), *(extra_callbacks or [])],
+                   HistoryWriter(paths.run_dir / "history.csv", phase, store=paths.store), *(extra_callbacks or []),
+                   *([FailureBudget(spec.checkpoint.max_failures, spec.checkpoint.failure_window_s),
+                      DriverPreemption()] if checkpoints else [])],
         verbose=0,
     )
     tune_config = tune_config or tune.TuneConfig()
@@ -99,19 +106,25 @@ def trial_dirname(trial: Any) -> str:
 
 def run(spec: Spec, paths: runtime.RunPaths) -> dict:
     """Train to the spec's stop criteria (resuming if the run exists); return the summary."""
+    from rayrl.faults import preemption
+    from rayrl.storage.checkpoints import fallbacks
+
     paths.write_text("spec.yaml", spec_mod.dumps(spec))
     start = time.monotonic()
     tuner = make_tuner(spec, paths)
+    preemption.install_driver_handler(spec.checkpoint.preempt_grace_s)
     grid = tuner.fit()
     result = grid[0]
     metrics = result.metrics or {}
+    preempted, budget = preemption.driver_preempted(), preemption.budget_exceeded()
+    status = ("error" if result.error or budget else "preempted" if preempted["requested_at"] else "finished")
     summary = {
         "kind": "train",
         "name": paths.name,
         "algorithm": spec.algo.name,
         "env": spec.env.id,
-        "status": "error" if result.error else "finished",
-        "error": str(result.error).splitlines()[0] if result.error else None,
+        "status": status,
+        "error": str(result.error).splitlines()[0] if result.error else (budget or None),
         "iterations": metrics.get(keys.ITERATION),
         "env_steps": keys.lookup(metrics, keys.ENV_STEPS),
         "episode_return_mean": _finite(keys.lookup(metrics, keys.return_key(spec.judged_by))),
@@ -125,6 +138,11 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "global_batch": keys.lookup(metrics, keys.GLOBAL_BATCH),
         "checkpoint": result.checkpoint.path if result.checkpoint else None,
         "resources": trial_resources(spec),
+        "preempted": ({"checkpointed": not preempted["timed_out"],
+                       "stop_s": round(time.time() - preempted["requested_at"], 2)}
+                      if preempted["requested_at"] else None),
+        "checkpoint_fallbacks": fallbacks(paths.run_dir),
+        "hung_runner_restarts": keys.lookup(metrics, keys.HUNG_RUNNER_RESTARTS),
     }
     paths.write_json("summary.json", summary)
     return summary
@@ -153,10 +171,18 @@ def main(args: argparse.Namespace) -> int:
     except StorageError as exc:  # a full disk or a failed upload: one paragraph, files intact, resumable
         print(f"rayrl train: error: {exc.strerror}", file=sys.stderr)
         return 1
+    from rayrl.faults import preemption
+
     ret = summary["episode_return_mean"]
     print(f"rayrl train: {summary['status']} after {summary['iterations']} iterations, "
           f"{summary['env_steps'] or 0:,.0f} env steps, return {ret if ret is not None else float('nan'):.1f}; "
           f"run folder {paths.run_dir}")
+    if summary["status"] == "preempted":
+        print(f"rayrl train: stopped by SIGTERM {summary['preempted']['stop_s']:.1f}s after the signal, "
+              + ("with a checkpoint of the last iteration" if summary["preempted"]["checkpointed"]
+                 else "before a new checkpoint was written (the grace period ran out)")
+              + "; run the same command to resume.")
+        return preemption.EXIT_PREEMPTED
     if summary["status"] != "finished":
         print(f"rayrl train: the trial failed: {summary['error']}; run the same command to retry from the "
               "latest checkpoint.")

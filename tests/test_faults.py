@@ -111,7 +111,7 @@ def by_name(drilled: dict, name: str) -> dict:
 def test_drill_writes_drill_json_and_leaves_the_run_untouched(drilled, train_run):
     proc = ok(drilled["proc"])
     data = drilled["data"]
-    assert [d["name"] for d in data["drills"]] == ["env_runner", "trial", "driver"]
+    assert [d["name"] for d in data["drills"]] == ["env_runner", "trial", "driver", "storage"]
     assert data["skipped"] == [{"name": "node", "reason": "the cluster has 1 node"}]
     assert "[drill] env_runner: killed EnvRunner pid" in proc.stdout
     assert "[drill] trial: recovered in" in proc.stdout and "restore 2/2" in proc.stdout
@@ -119,7 +119,7 @@ def test_drill_writes_drill_json_and_leaves_the_run_untouched(drilled, train_run
     # the drills trained scratch copies under RUN_DIR/drills; the run itself is byte-identical
     assert drilled["after"] == drilled["before"]
     assert sorted(p.name for p in (train_run / "drills").iterdir() if p.is_dir()) == ["driver", "env_runner",
-                                                                                       "trial"]
+                                                                                       "storage", "trial"]
     scratch = S.load(train_run / "drills" / "trial" / "spec.yaml")
     assert scratch.algo.train_batch_per_learner == drill_harness.BATCH and scratch.name == "trial"
 
@@ -153,6 +153,16 @@ def test_driver_death_of_rayrl_train_resumes_from_a_checkpoint(drilled):
     assert d["exit_status"] == 0 and "problems" not in d
     assert 1 < d["first_iteration_after"] <= d["killed_at_iteration"] + 1
     assert d["files_checked"] > 10
+
+
+def test_storage_refusing_uploads_does_not_stall_training_and_every_checkpoint_lands(drilled):
+    d = by_name(drilled, "storage")
+    figure(f"storage refused uploads for {d['outage_s']}s: {d['results_during_outage']} iterations trained meanwhile, "
+           f"{d['upload_failures']} failed upload attempts retried; all {d['checkpoints_in_storage']} checkpoints "
+           f"intact in storage {d['recovery_s']}s after it came back")
+    assert d["outcome"] == "recovered" and 0 < d["recovery_s"] < RECOVERY_S_MAX
+    assert d["results_during_outage"] >= 2 and d["upload_failures"] >= 1
+    assert d["checkpoints_in_storage"] >= d["checkpoints_registered"] and d["corrupt"] == []
 
 
 def test_every_kept_checkpoint_restores_and_plays(drilled, train_run):

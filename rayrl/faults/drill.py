@@ -11,6 +11,8 @@ kill real processes the way a cluster loses them and time how long training take
   command again: it resumes, phase 1 and finished trials are kept, no file already written changes.
 - ``node`` (only on a cluster with more than one node): kill the raylet of a worker node that hosts
   the drill's actors; training survives on the remaining nodes.
+- ``storage``: the storage refuses checkpoint uploads for a while (`rayrl.faults.storage_drill`);
+  training goes on meanwhile and every checkpoint lands intact once the storage is back.
 
 Drills never touch the user's run: they train a copy of its spec with tiny budgets under
 ``RUN_DIR/drills/`` (wiped before each drill). The restore check then loads every kept checkpoint
@@ -41,12 +43,13 @@ from rayrl.faults.harness import SCRATCH, drill_runners, say
 from rayrl.faults.driver_drill import driver_drill
 from rayrl.faults.drills import env_runner_drill, node_drill, trial_drill
 from rayrl.faults.restore import restore_checkpoints
+from rayrl.faults.storage_drill import storage_drill
 from rayrl.judge.runfolder import RunFolderError, load as load_run
 from rayrl.spec import Spec, SpecError
 from rayrl.storage.mirror import fetch, publish
 from rayrl.storage.uri import is_uri
 
-DRILLS = ("env_runner", "trial", "driver", "node")
+DRILLS = ("env_runner", "trial", "driver", "node", "storage")
 EXIT_USAGE = 2
 
 
@@ -100,7 +103,8 @@ def run_drills(run_dir: Path, spec: Spec, kind: str, names: Sequence[str], *, ad
             say("node: skipped (a one-node cluster; give --address of a multi-node cluster)")
         else:
             say(f"{name}: training a scratch copy of the spec under {storage / name}")
-            fn = {"env_runner": env_runner_drill, "trial": trial_drill, "node": node_drill}[name]
+            fn = {"env_runner": env_runner_drill, "trial": trial_drill, "node": node_drill,
+                  "storage": storage_drill}[name]
             results[name] = _logged(fn(spec, storage, timeout_s))
     data = _merge(run_dir / "drill.json", kind, results, skipped)
     if restore:
@@ -178,7 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
           env_runner  SIGKILL an EnvRunner; RLlib restarts and resyncs it, training goes on
           trial       SIGKILL the trial actor; Tune retries from the latest checkpoint
           driver      kill -9 the sweep (in phase 2) or `rayrl train`, then the same command again
-          node        kill a worker node's raylet (only when the cluster has more than one node)"""),
+          node        kill a worker node's raylet (only when the cluster has more than one node)
+          storage     refuse checkpoint uploads for 8 s; training goes on, every checkpoint lands intact"""),
         epilog="exit status: 0 all drills recovered and every checkpoint restored, 1 otherwise, 2 bad input "
                "(run folder, flags, an unreachable cluster, or GPUs this machine lacks), before any drill.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder of `rayrl train` or the sweep ({storage}/{name})")

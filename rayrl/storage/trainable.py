@@ -1,0 +1,119 @@
+"""The RLlib Algorithm as rayrl's Tune trainable: tiered, verified checkpoints and SIGTERM handling.
+
+A subclass made per spec (:func:`tiered_trainable`), with the same name as the algorithm's class, so
+Tune's trial folders (``PPO_...``) and actor names do not change. It overrides only Trainable's
+persistence hooks (``save``, ``restore``, ``cleanup``) and ``step`` (to report upload figures and
+ask for a checkpoint after a SIGTERM); see `rayrl.storage.checkpoints` for why.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import shutil
+import time
+from typing import Any
+
+from rayrl.faults.preemption import TrialPreemption
+from rayrl.storage import checkpoints as ck, manifest
+
+DRAIN_S = 600.0  #: how long a stopping trial waits for its last uploads
+
+
+def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
+    """``base`` (an RLlib Algorithm class) with rayrl's checkpoint persistence."""
+
+    class Tiered(base):  # type: ignore[misc, valid-type]
+        _rayrl_tier = settings
+
+        def setup(self, config: Any) -> None:
+            self._rayrl_uploader = ck.Uploader()
+            self._rayrl_stall_s = 0.0
+            self._rayrl_events: dict = {}
+            self._rayrl_preempt = TrialPreemption(self._rayrl_tier.preempt_grace_s)
+            self._rayrl_preempt.install()
+            super().setup(config)
+
+        def step(self) -> dict:
+            if self._rayrl_preempt.saved:  # Tune registered the preemption checkpoint: go now
+                self._rayrl_uploader.drain(self._rayrl_tier.preempt_grace_s)
+                self._rayrl_preempt.exit_now()
+            result = super().step()
+            up = self._rayrl_uploader.stats
+            result.setdefault("rayrl", {}).update(
+                checkpoint_stall_s=self._rayrl_stall_s, checkpoint_uploads=up.uploaded,
+                checkpoint_upload_failures=up.failed_attempts, checkpoint_upload_s=up.last_upload_s,
+                checkpoint_uploads_pending=self._rayrl_uploader.pending, **self._rayrl_events)
+            if self._rayrl_preempt.requested:
+                result["should_checkpoint"] = True
+            return result
+
+        def save(self, checkpoint_dir: str | None = None) -> Any:
+            storage = getattr(self, "_storage", None)
+            if checkpoint_dir is not None or storage is None:
+                return super().save(checkpoint_dir)  # a direct call outside Tune: Tune's own path
+            from ray.tune import Checkpoint
+            from ray.tune.trainable.trainable import _TrainingResult
+
+            start = time.perf_counter()
+            metrics = dict(self._last_result or {})
+            storage._update_checkpoint_index(metrics)
+            dest = storage.checkpoint_fs_path
+            root = ck.local_root(self._rayrl_tier, storage.trial_fs_path)
+            local = root / posixpath.basename(dest)
+            shutil.rmtree(local, ignore_errors=True)
+            local.mkdir(parents=True)
+            if self.save_checkpoint(str(local)) not in (None, str(local)):
+                raise TypeError("rayrl's tiered checkpoints need save_checkpoint to write into its folder")
+            manifest.write(local, {k: metrics[k] for k in ck.META_KEYS if k in metrics})
+            preempted = self._rayrl_preempt.requested
+            if preempted or not self._rayrl_tier.tiered:
+                self._rayrl_uploader.drain(DRAIN_S if not preempted else self._rayrl_tier.preempt_grace_s)
+                self._rayrl_uploader.upload_now(local, storage.storage_filesystem, dest)
+            else:
+                self._rayrl_uploader.submit(local, storage.storage_filesystem, dest)
+            ck.prune_local(root, self._rayrl_tier.keep, protect={str(local), *self._rayrl_uploader.waiting_paths()})
+            self._rayrl_stall_s = time.perf_counter() - start
+            self._rayrl_preempt.saved = preempted
+            return _TrainingResult(checkpoint=Checkpoint(filesystem=storage.storage_filesystem, path=dest),
+                                   metrics=metrics)
+
+        def restore(self, checkpoint_path: Any) -> None:
+            from ray.tune import Checkpoint
+            from ray.tune.trainable.trainable import _TrainingResult
+
+            if not isinstance(checkpoint_path, _TrainingResult):
+                return super().restore(checkpoint_path)
+            registered = checkpoint_path.checkpoint
+            choice = ck.choose(registered.filesystem, registered.path, self._rayrl_tier)
+            if choice is None:  # no manifests: a checkpoint from before rayrl wrote them
+                return super().restore(checkpoint_path)
+            metrics = dict(checkpoint_path.metrics)
+            if choice.rejected:
+                event = ck.record_fallback(registered.filesystem, posixpath.dirname(registered.path),
+                                           registered.path, choice)
+                metrics = {**metrics, **choice.meta}
+                self._rayrl_events = {"restore_fallbacks": len(choice.rejected),
+                                      "restored_from": event["restored"]}
+            local = Checkpoint.from_directory(str(choice.path))
+            return super().restore(_TrainingResult(checkpoint=local, metrics=metrics))
+
+        def cleanup(self) -> None:
+            # Tier 1 is a cache for this trial's process (and for a retry on this node after a crash):
+            # once every upload landed, a stopping trial removes it.
+            uploader, storage = getattr(self, "_rayrl_uploader", None), getattr(self, "_storage", None)
+            if uploader is not None and not uploader.drain(DRAIN_S):
+                print(f"[rayrl] {uploader.pending} checkpoint upload(s) did not finish in {DRAIN_S:g}s; "
+                      "their local copies stay in tier 1", flush=True)
+            elif uploader is not None and storage is not None:
+                shutil.rmtree(ck.local_root(self._rayrl_tier, storage.trial_fs_path), ignore_errors=True)
+            super().cleanup()
+
+    Tiered.__name__ = Tiered.__qualname__ = base.__name__
+    return Tiered
+
+
+def settings_for(spec: Any) -> ck.TierSettings:
+    """Tier settings from a Spec's checkpoint section."""
+    c = spec.checkpoint
+    return ck.TierSettings(local_dir=c.local_dir, tiered=c.tiered, keep=c.keep, preempt_grace_s=c.preempt_grace_s)
+

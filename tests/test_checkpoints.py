@@ -1,0 +1,188 @@
+"""Tiered checkpoints without Ray: manifests, the background uploader, restore's choice of the newest
+intact checkpoint, against a local-path storage and an S3 server (moto) on 127.0.0.1; and the pure
+rules of the failure budget and the hung-runner watchdog."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+
+from rayrl.faults.preemption import over_budget
+from rayrl.faults.watchdog import silent_too_long
+from rayrl.storage import checkpoints as ck, manifest
+
+
+def make_checkpoint(folder: Path, iteration: int, size: int = 3000) -> Path:
+    """A checkpoint-shaped folder (nested files) with its manifest."""
+    (folder / "learner" / "module").mkdir(parents=True)
+    (folder / "algorithm_state.pkl").write_bytes(os.urandom(size))
+    (folder / "learner" / "module" / "weights.pt").write_bytes(os.urandom(size * 3))
+    (folder / "learner" / "state.json").write_text(json.dumps({"iteration": iteration}))
+    manifest.write(folder, {"training_iteration": iteration})
+    return folder
+
+
+def flip_byte(path: Path, offset: int = 100) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_manifest_finds_flipped_truncated_and_missing_files(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "checkpoint_000001", 1)
+    assert manifest.problems(ckpt) == []
+    man = manifest.read(ckpt)
+    assert set(man["files"]) == {"algorithm_state.pkl", "learner/module/weights.pt", "learner/state.json"}
+    assert man["files"]["algorithm_state.pkl"]["size"] == 3000 and man["meta"]["training_iteration"] == 1
+    flip_byte(ckpt / "learner" / "module" / "weights.pt")
+    assert manifest.problems(ckpt) == ["learner/module/weights.pt: sha256 differs from the manifest"]
+    (ckpt / "algorithm_state.pkl").write_bytes(b"short")
+    assert "algorithm_state.pkl: 5 bytes, manifest says 3000" in manifest.problems(ckpt)
+    (ckpt / "learner" / "state.json").unlink()
+    assert "learner/state.json: missing" in manifest.problems(ckpt)
+    (ckpt / manifest.NAME).unlink()
+    assert "no readable" in manifest.problems(ckpt)[0]
+
+
+def _settings(tmp_path: Path) -> ck.TierSettings:
+    return ck.TierSettings(local_dir=str(tmp_path / "tier1"), keep=2)
+
+
+def _save(settings: ck.TierSettings, trial: str, index: int) -> Path:
+    """What the trainable's save() does: the checkpoint into tier 1, manifest last."""
+    return make_checkpoint(ck.local_root(settings, trial) / f"checkpoint_{index:06d}", index)
+
+
+def _storage_round_trip(fs: pafs.FileSystem, trial: str, tmp_path: Path) -> None:
+    """Upload 3 checkpoints in the background, corrupt the newest in storage, wipe tier 1: restore
+    takes the newest intact one from storage and records why the newer one was skipped."""
+    settings = _settings(tmp_path)
+    uploader = ck.Uploader()
+    for i in (1, 2, 3):
+        uploader.submit(_save(settings, trial, i), fs, f"{trial}/checkpoint_{i:06d}")
+    assert uploader.drain(60) and uploader.stats.uploaded == 3 and uploader.pending == 0
+    local3 = ck.local_root(settings, trial) / "checkpoint_000003"
+    assert ck.remote_manifest(fs, f"{trial}/checkpoint_000003") == manifest.read(local3)
+    # An intact local copy is preferred (no download).
+    choice = ck.choose(fs, f"{trial}/checkpoint_000003", settings)
+    assert choice.path == local3 and choice.rejected == [] and choice.meta["training_iteration"] == 3
+    # Bytes flipped in storage after registration, and tier 1 lost (a new node): falls back to #2.
+    with fs.open_output_stream(f"{trial}/checkpoint_000003/learner/module/weights.pt") as out:
+        out.write(b"\0" * 9000)
+    import shutil
+
+    shutil.rmtree(tmp_path / "tier1")
+    choice = ck.choose(fs, f"{trial}/checkpoint_000003", settings)
+    assert choice.path.name == "checkpoint_000002" and choice.meta["training_iteration"] == 2
+    assert choice.rejected == [("checkpoint_000003", "storage copy: learner/module/weights.pt: sha256 differs "
+                                "from the manifest")]
+    assert manifest.problems(choice.path) == []
+    event = ck.record_fallback(fs, trial, f"{trial}/checkpoint_000003", choice)
+    assert event["restored"] == "checkpoint_000002" and event["restored_iteration"] == 2
+    # An upload cut short (files there, no manifest) is skipped as well.
+    fs.delete_file(f"{trial}/checkpoint_000002/{manifest.NAME}")
+    shutil.rmtree(tmp_path / "tier1")
+    choice = ck.choose(fs, f"{trial}/checkpoint_000003", settings)
+    assert choice.path.name == "checkpoint_000001" and len(choice.rejected) == 2
+
+
+def test_upload_and_restore_against_a_local_path_storage(tmp_path):
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    trial = str(storage / "tune" / "PPO_0001")
+    _storage_round_trip(pafs.LocalFileSystem(), trial, tmp_path)
+    recorded = list(Path(trial).glob(f"{ck.FALLBACK_PREFIX}*.json"))
+    assert len(recorded) == 1 and json.loads(recorded[0].read_text())["registered"] == "checkpoint_000003"
+
+
+@pytest.fixture()
+def s3(tmp_path):
+    """A moto S3 server on 127.0.0.1 and a pyarrow S3FileSystem on it, with a bucket."""
+    from moto.server import ThreadedMotoServer
+
+    from conftest import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="test",
+                           secret_key="test", region="us-east-1", allow_bucket_creation=True,
+                           retry_strategy=pafs.AwsStandardS3RetryStrategy(1))
+    fs.create_dir("bucket")
+    yield fs
+    server.stop()
+
+
+def test_upload_and_restore_against_an_s3_server(s3, tmp_path):
+    _storage_round_trip(s3, "bucket/runs/r/tune/PPO_0001", tmp_path)
+
+
+def test_no_manifest_anywhere_means_tunes_own_restore(tmp_path):
+    trial = tmp_path / "storage" / "PPO_1"
+    (trial / "checkpoint_000001").mkdir(parents=True)
+    (trial / "checkpoint_000001" / "algorithm_state.pkl").write_bytes(b"x")
+    assert ck.choose(pafs.LocalFileSystem(), str(trial / "checkpoint_000001"), _settings(tmp_path)) is None
+
+
+def test_nothing_intact_is_a_clear_error(tmp_path):
+    settings = _settings(tmp_path)
+    trial = str(tmp_path / "storage" / "PPO_1")
+    local = _save(settings, trial, 1)
+    flip_byte(local / "algorithm_state.pkl")
+    with pytest.raises(RuntimeError, match="no intact checkpoint .* checkpoint_000001: local copy: "
+                       "algorithm_state.pkl: sha256 differs"):
+        ck.choose(pafs.LocalFileSystem(), f"{trial}/checkpoint_000001", settings)
+
+
+def test_a_failing_storage_delays_uploads_not_the_caller(tmp_path):
+    """Storage that refuses writes: submit returns at once, the upload is retried and lands once the
+    storage is back (the destination's parent is a file, so even root cannot write there)."""
+    settings = _settings(tmp_path)
+    blocker = tmp_path / "storage"
+    blocker.write_text("not a folder")
+    trial = str(blocker / "PPO_1")
+    uploader = ck.Uploader(max_backoff_s=0.5)
+    start = time.perf_counter()
+    uploader.submit(_save(settings, trial, 1), pafs.LocalFileSystem(), f"{trial}/checkpoint_000001")
+    assert time.perf_counter() - start < 0.1
+    assert not uploader.drain(1.5)
+    assert uploader.stats.failed_attempts >= 2 and uploader.stats.uploaded == 0 and uploader.pending == 1
+    blocker.unlink()
+    assert uploader.drain(10) and uploader.stats.uploaded == 1
+    assert manifest.problems(Path(trial) / "checkpoint_000001") == []
+
+
+def test_prune_keeps_the_newest_and_anything_not_yet_uploaded(tmp_path):
+    root = tmp_path / "tier1"
+    for i in range(1, 6):
+        (root / f"checkpoint_{i:06d}").mkdir(parents=True)
+    ck.prune_local(root, keep=2, protect={str(root / "checkpoint_000001")})
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint_000001", "checkpoint_000004", "checkpoint_000005"]
+
+
+def test_failure_budget_counts_by_rate_not_lifetime():
+    hour = 3600.0
+    spread = [i * hour for i in range(100)]  # one preemption an hour for 4 days
+    assert not over_budget(spread, spread[-1], max_failures=10, window_s=hour)
+    loop = [1000.0 + 20 * i for i in range(11)]  # a crash loop: a failure every 20 s
+    assert not over_budget(loop[:10], loop[9], max_failures=10, window_s=hour)
+    assert over_budget(loop, loop[-1], max_failures=10, window_s=hour)
+    assert not over_budget(loop * 10, loop[-1], max_failures=-1, window_s=hour)
+
+
+def test_watchdog_restarts_only_a_runner_silent_for_the_whole_window():
+    silent: dict[int, float] = {}
+    asked = {1, 2}
+    assert silent_too_long(silent, {1, 2}, asked, 0.0, 10.0) == [] and silent == {}
+    assert silent_too_long(silent, {1}, asked, 1.0, 10.0) == [] and silent == {2: 1.0}
+    assert silent_too_long(silent, {1}, asked, 10.9, 10.0) == []
+    assert silent_too_long(silent, {1}, asked, 11.0, 10.0) == [2]
+    # A runner that answers again (a slow sample, not a hang) starts from zero.
+    silent = {2: 0.0}
+    assert silent_too_long(silent, {1, 2}, asked, 5.0, 10.0) == [] and silent == {}
+    assert silent_too_long(silent, {1}, asked, 6.0, 10.0) == [] and silent == {2: 6.0}
