@@ -97,9 +97,9 @@ def trial_progress(run: RunFolder) -> tuple[pd.DataFrame, str]:
                          "the plan needs the Tune experiment folders the run wrote beside its csv files.")
 
 
-def target_points(run: RunFolder) -> list[tuple[float, float]]:
-    """(global batch, env steps to target) for every trial that reached the run's target return."""
-    target = run.target_return
+def target_points(run: RunFolder, target: float | None = None) -> list[tuple[float, float]]:
+    """(global batch, env steps to target) for every trial that reached ``target`` (default: the run's)."""
+    target = run.target_return if target is None else target
     if target is None:
         return []
     points = []
@@ -114,8 +114,8 @@ def target_points(run: RunFolder) -> list[tuple[float, float]]:
     return points
 
 
-def measure(run_dir: str | Path, grad_bytes: float | None = None, critical_batch: float | None = None) -> \
-        tuple[Measured, dict[str, Any]]:
+def measure(run_dir: str | Path, grad_bytes: float | None = None, critical_batch: float | None = None,
+            target: float | None = None) -> tuple[Measured, dict[str, Any]]:
     """The model's inputs from ``run_dir``, and a dict saying where each came from (for plan.json)."""
     run = runfolder.load(run_dir)
     spec, res = run.spec, run.sections["resources"]
@@ -140,7 +140,8 @@ def measure(run_dir: str | Path, grad_bytes: float | None = None, critical_batch
         sources["grad_bytes"] = f"{params} parameters x 4 bytes (obs {obs}, policy outputs {out})"
     else:
         sources["grad_bytes"] = "--grad-bytes"
-    points = target_points(run)
+    target = run.target_return if target is None else target
+    points = target_points(run, target)
     fit = fit_critical_batch(points)
     e_target = None
     if critical_batch is not None:
@@ -154,9 +155,10 @@ def measure(run_dir: str | Path, grad_bytes: float | None = None, critical_batch
         # E_min from every trial that reached the target, expressed at the measured batch.
         e_min = statistics.median(min_env_steps(e, b, crit) for b, e in points)
         e_target = e_min * (1.0 + batch / crit)
-        sources["env_steps_to_target"] = f"{len(points)} trial(s) reached return {run.target_return:g}"
+        sources["env_steps_to_target"] = f"{len(points)} trial(s) reached return {target:g}"
     else:
-        sources["env_steps_to_target"] = "no trial reached the target return: time and cost to target unknown"
+        sources["env_steps_to_target"] = (f"no trial reached return {target:g}: time and cost to target unknown"
+                                          if target is not None else "the run has no target return (--target)")
     m = Measured(algo=str(algo.get("name", "PPO")), batch_per_learner=per_learner, minibatch=minibatch,
                  epochs=int(algo.get("epochs", 1)), learners=learners, env_runners=res.env_runners,
                  sample_s=sample_s * batch / sampled if sampled > 0 else sample_s, learn_s=learn_s,

@@ -84,8 +84,15 @@ def plot(plan: dict[str, Any], path: Path) -> None:
     ax = fig.add_subplot()
     gpus = [r["gpus"] for r in plan["rows"]]
     ax.plot(gpus, [r["env_steps_per_s"] for r in plan["rows"]], "o-", label="env steps/s (predicted)")
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    whole = FuncFormatter(lambda v, _pos: f"{v:,.0f}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(whole)                         # 1, 2, 4, ... not 2^k
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(whole)
+    ax.yaxis.set_minor_formatter(NullFormatter())               # no crowded minor labels on the log axis
     ax.set_xlabel("GPUs (learners)")
     ax.set_ylabel("env steps per second")
     eff = ax.twinx()
@@ -93,7 +100,7 @@ def plot(plan: dict[str, Any], path: Path) -> None:
     eff.set_ylabel("scaling efficiency (fraction)")
     eff.set_ylim(0, 1.05)
     handles = ax.get_legend_handles_labels()[0] + eff.get_legend_handles_labels()[0]
-    ax.legend(handles, [h.get_label() for h in handles], loc="upper left")
+    ax.legend(handles, [h.get_label() for h in handles], loc="lower right")
     ax.set_title(f"capacity plan on {plan['cluster']['name']}")
     fig.savefig(path, dpi=100)
 
@@ -112,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="plan.json path (default RUN_DIR/plan.json; plan.png beside it)")
     p.add_argument("--grad-bytes", type=float, default=None, help="bytes all-reduced per step (default: the "
                    "MLP's parameters x 4)")
+    p.add_argument("--target", type=float, default=None, metavar="RETURN", help="episode return to plan for "
+                   "(default: the run's stop.episode_return)")
     p.add_argument("--critical-batch", type=float, default=None, help="critical batch, env steps (default: "
                    "fitted over the trials that reached the target, else search.doubling.cap)")
     args = p.parse_args(argv)
@@ -120,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cl = cluster_mod.load(args.cluster)
         from rayrl.judge import runfolder
 
-        m, sources = measure(args.run_dir, args.grad_bytes, args.critical_batch)
+        m, sources = measure(args.run_dir, args.grad_bytes, args.critical_batch, args.target)
         plan = build(m, cl, runfolder.load(args.run_dir).prices, args.gpus, args.deadline)
     except (SpecError, RunFolderError) as exc:
         sys.stderr.write(textwrap.fill(f"rayrl plan: error: {exc}", width=100) + "\n")
@@ -144,6 +153,8 @@ def _check(args: argparse.Namespace) -> None:
                         ("--critical-batch", args.critical_batch)):
         if value is not None and not (math.isfinite(value) and value > 0):
             raise SpecError(f"{flag}: {value} must be a finite number > 0.")
+    if args.target is not None and not math.isfinite(args.target):
+        raise SpecError(f"--target: {args.target} must be a finite episode return.")
     if args.out and not Path(args.out).resolve().parent.is_dir():
         raise SpecError(f"--out: {args.out}: its folder does not exist; give a path in an existing folder.")
 
