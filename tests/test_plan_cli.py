@@ -22,6 +22,9 @@ def test_measure_reads_the_steady_timers_and_the_target(tmp_path):
     assert m.grad_bytes == 9155 * 4 and sources["trial"] == plan_run.TRIAL
     # One point (batch 1000, 3000 steps) and the default critical batch (search.doubling.cap).
     assert m.env_steps_to_target == pytest.approx(plan_run.STEPS_AT_TARGET) and m.critical_batch == 16384
+    # Two iterations: the warm-up one must still be left out (a median of both would say 2.75 s).
+    short, _ = measure.measure(plan_run.write_run(tmp_path / "short", iterations=2))
+    assert short.sample_s == pytest.approx(plan_run.SAMPLE_S)
 
 
 def test_plan_writes_rows_and_a_schedule_that_never_exceeds_2x(tmp_path, capsys):
