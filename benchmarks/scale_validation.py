@@ -27,7 +27,9 @@ if __package__ in (None, ""):
 
 import common as C  # noqa: E402
 
-CONFIGS = ((1, 1), (2, 1), (4, 1), (1, 2), (1, 4))  # (learners, env runners); the first is the input
+#: (learners, env runners). The 1/1 input is measured first and last (order effects: warm-up, the
+#: machine's load drifting); the model reads the mean of the two.
+CONFIGS = ((1, 1), (2, 1), (4, 1), (1, 2), (1, 4), (1, 1))
 
 
 def gloo_allreduce_s(sizes: tuple[int, ...], ranks: int, reps: int = 50) -> list[float]:
@@ -93,7 +95,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=str(C.DEFAULT_CONFIG))
     p.add_argument("--batch", type=int, default=1024, help="env steps per learner per iteration")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
@@ -117,10 +119,11 @@ def main() -> int:
             C.say(f"measuring {learners} learner(s), {runners} env runner(s) ...")
             measured.append(measure_config(spec, learners, runners, args.warmup, args.iters))
             C.say(f"  {measured[-1]['env_steps_per_s']:.0f} env steps/s")
-    base = measured[0]
+    bases = [r for r in measured if (r["learners"], r["env_runners"]) == (1, 1)]
+    sample_s = sum(b["sample_s"] * args.batch / b["env_steps_per_iter"] for b in bases) / len(bases)
     m = model.Measured(algo=spec.algo.name, batch_per_learner=args.batch, minibatch=args.batch // 4, epochs=4,
-                       learners=1, env_runners=1, sample_s=base["sample_s"] * args.batch / base["env_steps_per_iter"],
-                       learn_s=base["learn_s"], grad_bytes=grad_bytes)
+                       learners=1, env_runners=1, sample_s=sample_s,
+                       learn_s=sum(b["learn_s"] for b in bases) / len(bases), grad_bytes=grad_bytes)
     here = cluster_mod.ClusterSpec(name="this machine (gloo)", gpu="CPU", gpus_per_node=64, cpus_per_node=64,
                                    intra_node_busbw_gbs=busbw, intra_node_latency_us=latency_us)
     rows = []
@@ -129,7 +132,7 @@ def main() -> int:
         rows.append([r["learners"], r["env_runners"], pred, r["env_steps_per_s"],
                      (pred - r["env_steps_per_s"]) / r["env_steps_per_s"]])
     C.say(C.table(["learners", "env runners", "predicted env steps/s", "measured env steps/s", "error"], rows))
-    C.write_json(args.out, {"machine": C.machine(), "batch_per_learner": args.batch, "gloo_latency_us": latency_us,
+    C.write_json(args.out, {"machine": C.machine(), "model_inputs": {"sample_s": m.sample_s, "learn_s": m.learn_s}, "batch_per_learner": args.batch, "gloo_latency_us": latency_us,
                             "gloo_busbw_gbs": busbw, "grad_bytes": grad_bytes, "measured": measured,
                             "rows": [dict(zip(("learners", "env_runners", "predicted", "measured", "error"), r))
                                      for r in rows], "load_avg_1m": os.getloadavg()[0]})
