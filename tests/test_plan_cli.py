@@ -36,6 +36,8 @@ def test_plan_writes_rows_and_a_schedule_that_never_exceeds_2x(tmp_path, capsys)
     plan = json.loads((run / "plan.json").read_text())
     assert [r["gpus"] for r in plan["rows"]] == [1, 2, 4, 6]
     assert all(set(ROW_KEYS) <= set(r) for r in plan["rows"])
+    assert plan["measured"]["env_steps_per_s_per_runner"] == pytest.approx(1000.0)
+    assert plan["measured"]["learner_samples_per_s_per_gpu"] == pytest.approx(1000.0)
     one, two = plan["rows"][0], plan["rows"][1]
     assert one["env_steps_per_s"] == pytest.approx(500.0) and one["usd_per_hour"] == pytest.approx(4.0)
     assert two["env_steps_per_s"] == pytest.approx(2000 / 2.08016)

@@ -42,7 +42,9 @@ def build(m: model.Measured, cl: cluster_mod.ClusterSpec, run_prices: cost.CostS
     fleet = cost.fleet_cost(held, hours, prices.gpu_hour_usd, prices.spot_discount)
     fastest = next((p.gpus for p in points if _meets(p, deadline_h)), None) if deadline_h is not None else None
     return {
-        "measured": asdict(m), "cluster": asdict(cl), "prices": asdict(prices),
+        "measured": {**asdict(m), "env_steps_per_s_per_runner": m.runner_steps_per_s,
+                     "learner_samples_per_s_per_gpu": m.learner_samples_per_s, "optimizer_steps": m.optimizer_steps},
+        "cluster": asdict(cl), "prices": asdict(prices),
         "rows": rows, "schedule": [s.as_dict() for s in steps],
         "fleet": {"gpus": held, "hours": hours, "usd": fleet, "usd_saved_if_shorter": cost.savings(fleet, SHORTER),
                   "shorter_fraction": SHORTER, "hours_from": "--deadline" if deadline_h is not None else "30 days"},
