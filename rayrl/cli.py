@@ -75,6 +75,7 @@ DELEGATED = {
     "report": ("judge.report", "write the five-part acceptance report (report.md + plots) for a run folder"),
     "doctor": ("judge.doctor", "diagnose a run folder: name likely causes and fixes"),
     "drill": ("faults.drill", "run fault drills against a run folder and write drill.json"),
+    "plan": ("scale.plan", "capacity plan from a measured run: throughput, cost, time to target at 1..N GPUs"),
 }
 
 

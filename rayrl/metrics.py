@@ -36,8 +36,12 @@ GAUGES: tuple[tuple[str, str, str], ...] = (
     ("rayrl_cost_per_million_samples", COST_PER_M_SAMPLES, "USD per million env steps trained on, so far"),
     ("rayrl_cpu_util", keys.CPU_UTIL, "Node CPU utilisation, fraction"),
     ("rayrl_mem_util", keys.MEM_UTIL, "Node host memory in use, fraction"),
-    ("rayrl_gpu_util", keys.GPU_UTIL, "Mean utilisation of the trial's GPUs, fraction"),
-    ("rayrl_gpu_mem_util", keys.GPU_MEM_UTIL, "Peak memory in use on the trial's GPUs, fraction"),
+    ("rayrl_gpu_util", keys.GPU_UTIL, "Mean utilisation of the trial's GPUs (its remote learners' when it has "
+     "them), fraction"),
+    ("rayrl_gpu_mem_util", keys.GPU_MEM_UTIL, "Peak memory in use on the trial's GPUs (its remote learners' "
+     "when it has them), fraction"),
+    ("rayrl_env_runner_gpu_util", "rayrl/env_runner_gpu_util", "Mean GPU utilisation on the env runners' "
+     "nodes, fraction"),
     ("rayrl_net_util", keys.NET_UTIL, "Busiest NIC's throughput over its link speed, fraction"),
 )
 TAG_KEYS = ("experiment", "trial")
@@ -246,6 +250,7 @@ class TrialObserver:
     def __init__(self, algorithm: Any, sampler: HardwareSampler | None = None,
                  publisher: Publisher | None = None) -> None:
         self.experiment, self.trial = trial_tags(algorithm)
+        self._algorithm = algorithm  # its remote learners and env runners sample their own hardware
         self.sampler = sampler or HardwareSampler()
         self._publisher = publisher
         self._publish_failed = False
@@ -257,6 +262,9 @@ class TrialObserver:
         """Add the hardware sample (and learner rate, cost) to result["rayrl"], then publish."""
         section = result.setdefault("rayrl", {})
         section.update(self.sampler.sample())
+        from rayrl import worker_hardware  # imports this module
+
+        worker_hardware.aggregate(section, *worker_hardware.collect(self._algorithm))
         if section.get("learner_samples_per_s") is None:
             rate = _number(keys.lookup(result, "learners/__all_modules__/num_module_steps_trained_throughput"))
             section["learner_samples_per_s"] = math.nan if rate is None else rate

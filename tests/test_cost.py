@@ -1,17 +1,25 @@
 """The price model's arithmetic (no Ray)."""
 
+import json
 import math
 
 import pytest
 
-from rayrl import cost
+import plan_run
+from rayrl import cli, cost
 from rayrl.spec import CostSpec, ResourcesSpec
 
 
-def test_fleet_month_costs_21_6_million_and_a_tenth_shorter_run_saves_2_16_million():
-    usd = cost.fleet_cost(gpus=10_000, hours=30 * 24, gpu_hour_usd=3.0)
-    assert usd == pytest.approx(21_600_000.0)
-    assert cost.savings(usd, 0.10) == pytest.approx(2_160_000.0)
+def test_fleet_month_costs_21_6_million_and_a_tenth_shorter_run_saves_2_16_million(tmp_path, capsys):
+    # The design's figure, through what the product computes: `rayrl plan` prices the asked fleet for
+    # the deadline (cost.fleet_cost) and what a run 10% shorter saves (cost.savings).
+    run = plan_run.write_run(tmp_path / "run", cost={"gpu_hour_usd": 3.0, "cpu_hour_usd": 0.0})
+    assert cli.main(["plan", str(run), "--gpus", "10000", "--deadline", str(30 * 24), "--cluster", "h100-ib"]) == 0
+    fleet = json.loads((run / "plan.json").read_text())["fleet"]
+    assert fleet["gpus"] == 10_000 and fleet["hours"] == 720
+    assert fleet["usd"] == pytest.approx(21_600_000.0)
+    assert fleet["usd_saved_if_shorter"] == pytest.approx(2_160_000.0)
+    assert "10,000 GPUs for 720 h cost $21,600,000; a run 10% shorter saves $2,160,000" in capsys.readouterr().out
     # The same figure through the per-trial path: one "trial" holding 10k GPUs for 30 days.
     per_trial = cost.trial_cost(cost.TrialResources(gpus=10_000, cpus=0), 30 * 24 * 3600, CostSpec(cpu_hour_usd=0))
     assert per_trial == pytest.approx(21_600_000.0)

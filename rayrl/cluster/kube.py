@@ -13,7 +13,11 @@ from typing import Any
 
 from rayrl.cluster.common import image_version_problem
 
-KUBE_KINDS = {"RayCluster": "ray.io/v1", "RayJob": "ray.io/v1", "Queue": "scheduling.volcano.sh/v1beta1"}
+KUBE_KINDS = {"RayCluster": "ray.io/v1", "RayJob": "ray.io/v1", "Queue": "scheduling.volcano.sh/v1beta1",
+              "PriorityClass": "scheduling.k8s.io/v1"}
+#: Kubernetes reserves priorities above this for system classes.
+MAX_USER_PRIORITY = 1_000_000_000
+PREEMPTION_POLICIES = ("PreemptLowerPriority", "Never")
 
 
 def validate_kube(doc: dict) -> list[str]:
@@ -21,11 +25,13 @@ def validate_kube(doc: dict) -> list[str]:
     kind, api = doc.get("kind"), doc.get("apiVersion")
     name = (doc.get("metadata") or {}).get("name") or "(unnamed)"
     if kind not in KUBE_KINDS:
-        return [f"kind: {kind!r} is not one rayrl checks; use RayCluster, RayJob (apiVersion ray.io/v1) or Queue "
-                "(scheduling.volcano.sh/v1beta1)."]
+        return [f"kind: {kind!r} is not one rayrl checks; use RayCluster, RayJob (apiVersion ray.io/v1), Queue "
+                "(scheduling.volcano.sh/v1beta1) or PriorityClass (scheduling.k8s.io/v1)."]
     where = f"{kind} {name}"
     if api != KUBE_KINDS[kind]:
         return [f"{where}: apiVersion: {api!r}; {kind} needs apiVersion {KUBE_KINDS[kind]}."]
+    if kind == "PriorityClass":
+        return [f"{where}: {m}" for m in _priority_class_problems(doc)]
     spec = doc.get("spec")
     if not isinstance(spec, dict):
         return [f"{where}: spec: missing or not a mapping; see cluster_configs/kuberay/."]
@@ -40,8 +46,34 @@ def validate_kube(doc: dict) -> list[str]:
         else:
             problems += _raycluster_problems(cluster, "spec.rayClusterSpec")
         return [f"{where}: {m}" for m in problems]
-    return [] if isinstance(spec.get("capability"), dict) else \
-        [f"{where}: spec.capability: missing; give the queue's cpu, memory and nvidia.com/gpu cap."]
+    return [f"{where}: {m}" for m in _queue_problems(spec)]
+
+
+def _queue_problems(spec: dict) -> list[str]:
+    """A Volcano Queue: a cap, and a whole positive weight (its fair share against the other queues)."""
+    problems = [] if isinstance(spec.get("capability"), dict) else \
+        ["spec.capability: missing; give the queue's cpu, memory and nvidia.com/gpu cap."]
+    weight = spec.get("weight", 1)
+    if not isinstance(weight, int) or isinstance(weight, bool) or weight < 1:
+        problems.append(f"spec.weight: {weight!r}; a queue's fair share is a whole number >= 1 (e.g. production 4, "
+                        "sweeps 1).")
+    return problems
+
+
+def _priority_class_problems(doc: dict) -> list[str]:
+    """A PriorityClass: an integer value below the system range, never the cluster's default."""
+    problems = []
+    value = doc.get("value")
+    if not isinstance(value, int) or isinstance(value, bool) or not -2**31 <= value <= MAX_USER_PRIORITY:
+        problems.append(f"value: {value!r}; a PriorityClass needs an integer value <= {MAX_USER_PRIORITY:,} "
+                        "(higher values are reserved for system classes).")
+    if doc.get("globalDefault") is True:
+        problems.append("globalDefault: true would give every pod in the cluster this class; set false and name the "
+                        "class in the job's ray.io/priority-class-name label.")
+    policy = doc.get("preemptionPolicy", "PreemptLowerPriority")
+    if policy not in PREEMPTION_POLICIES:
+        problems.append(f"preemptionPolicy: {policy!r}; use {' or '.join(PREEMPTION_POLICIES)}.")
+    return problems
 
 
 def _raycluster_problems(spec: dict, at: str) -> list[str]:

@@ -110,7 +110,8 @@ def uneven_scheduling(ev: Evidence, max_swing: float = 0.20) -> Finding | None:
                    f"trial {worst[0]}: {col.replace('_util', '').upper()} utilisation swings by {worst[1]:.0%} "
                    f"(10th to 90th percentile; limit {max_swing:.0%})",
                    "trials or actors compete for the same devices, so work arrives unevenly",
-                   "give the scheduler fair-share weights (e.g. a Volcano/Kueue queue per team), run fewer "
+                   "give the scheduler fair-share weights and priorities (Volcano queues and priority classes for "
+                   "production vs sweeps: cluster_configs/kuberay/volcano-multitenant.yaml), run fewer "
                    "concurrent trials (search.max_concurrent), or pin actors with custom resources")
 
 
