@@ -23,6 +23,7 @@ ALGORITHMS = ("PPO", "APPO", "IMPALA")
 LR_SCALING = ("none", "linear", "sqrt")
 PRECISIONS = ("fp32", "bf16", "fp16")
 SCHEDULERS = ("asha", "hyperband")
+WANDB_MODES = ("online", "offline")
 
 
 class SpecError(ValueError):
@@ -158,6 +159,34 @@ class AcceptanceSpec:
 
 
 @dataclass(frozen=True)
+class MlflowSpec:
+    enabled: bool = doc(False, "log every trial to MLflow: one MLflow run per trial, params = the trial's spec "
+                        "values, metrics = rayrl's result keys (needs the tracking extra)")
+    tracking_uri: str | None = doc(None, "MLflow tracking URI (file:/abs/path, http://host:5000); null: "
+                                   "MLFLOW_TRACKING_URI or MLflow's default; credentials only from "
+                                   "MLFLOW_TRACKING_USERNAME/_PASSWORD/_TOKEN, never in the URI")
+    experiment: str | None = doc(None, "MLflow experiment name; null: the run name")
+
+
+@dataclass(frozen=True)
+class WandbSpec:
+    enabled: bool = doc(False, "log every trial to Weights & Biases, one W&B run per trial (needs the tracking "
+                        "extra; the API key only from WANDB_API_KEY or `wandb login`)")
+    project: str | None = doc(None, "W&B project; null: WANDB_PROJECT, else the run name")
+    group: str | None = doc(None, "W&B group; null: the run name and phase (e.g. cartpole-ppo/phase2)")
+    mode: str = doc("online", "online, or offline (writes the W&B run folder beside the trial, no network; "
+                    "`wandb sync` uploads it later)", choices=WANDB_MODES)
+
+
+@dataclass(frozen=True)
+class TrackingSpec:
+    tensorboard: bool = doc(True, "TensorBoard event files in every trial folder (Tune's TBX logger; rayrl's "
+                            "metrics also under rayrl/, by env steps)")
+    mlflow: MlflowSpec = doc(MlflowSpec(), "MLflow (Tune's MLflowLoggerCallback)")
+    wandb: WandbSpec = doc(WandbSpec(), "Weights & Biases (Tune's WandbLoggerCallback)")
+
+
+@dataclass(frozen=True)
 class Spec:
     name: str = doc("rayrl", "experiment name: the run folder under the storage path")
     seed: int = doc(0, "seed for torch, the envs and the searchers", min=0)
@@ -170,6 +199,7 @@ class Spec:
     search: SearchSpec = doc(SearchSpec(), "the sweep: doubling rule then ASHA/HyperBand + Optuna")
     cost: CostSpec = doc(CostSpec(), "prices for cost per effective sample")
     acceptance: AcceptanceSpec = doc(AcceptanceSpec(), "thresholds of the five-part acceptance report")
+    tracking: TrackingSpec = doc(TrackingSpec(), "experiment tracking: TensorBoard, MLflow, W&B")
 
     @property
     def global_batch(self) -> int:
@@ -245,6 +275,9 @@ def _convert(path: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise SpecError(f"{path}: {value!r} is not an integer; expected {_describe(tp)}.")
+    elif tp is bool:
+        if not isinstance(value, bool):
+            raise SpecError(f"{path}: {value!r} is not true or false.")
     elif tp is str:
         if not isinstance(value, str) or not value:
             raise SpecError(f"{path}: {value!r} is not a non-empty string.")
@@ -327,6 +360,26 @@ def validate(spec: Spec) -> None:
         raise SpecError(f"resources.gpus_per_learner: {spec.resources.gpus_per_learner} with learners: 0; "
                         "the local learner takes 0 or 1 GPU.")
     check_env(spec.env.id)
+    check_tracking(spec.tracking)
+
+
+def check_tracking(t: TrackingSpec) -> None:
+    """Credentials stay out of the spec (and so out of the run folder); enabled tools must be installed."""
+    from urllib.parse import urlsplit
+
+    from rayrl.extras import require
+
+    uri = t.mlflow.tracking_uri
+    if uri and "@" in urlsplit(uri).netloc:
+        raise SpecError("tracking.mlflow.tracking_uri: the URI carries a user or password; credentials never go "
+                        "in the spec (it is copied to the run folder): give the URI without them and set "
+                        "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN).")
+    if t.mlflow.enabled:
+        require("mlflow", "tracking", "tracking.mlflow.enabled")
+    if t.wandb.enabled:
+        require("wandb", "tracking", "tracking.wandb.enabled")
+    if t.tensorboard:
+        require("tensorboardX", "tracking", "tracking.tensorboard")
 
 
 def check_env(env_id: str) -> None:

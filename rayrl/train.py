@@ -7,6 +7,7 @@ resume (``Tuner.restore``); rayrl adds the spec, the progress line and the run f
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 from rayrl import keys, runtime, spec as spec_mod
 from rayrl.spec import Spec
+from rayrl.track.naming import run_name
 
 
 def stop_criteria(spec: Spec) -> dict[str, float]:
@@ -37,7 +39,9 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
 
     from rayrl.algo import algorithm_class, build_config
     from rayrl.progress import HistoryWriter, ProgressPrinter
+    from rayrl.track.callbacks import logger_callbacks
 
+    trackers = logger_callbacks(spec, phase, paths.name)  # before a restore too: it sets Tune's loggers
     trainable = algorithm_class(spec.algo.name)
     exp_path = _join(paths.storage, paths.name, subdir)
     if tune.Tuner.can_restore(exp_path):
@@ -57,11 +61,12 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
         ),
         failure_config=tune.FailureConfig(max_failures=spec.checkpoint.max_failures if checkpoints else 0),
         callbacks=[ProgressPrinter(verbose_label, show_config=phase != "train"),
-                   HistoryWriter(paths.run_dir / "history.csv", phase), *(extra_callbacks or [])],
+                   HistoryWriter(paths.run_dir / "history.csv", phase), *trackers, *(extra_callbacks or [])],
         verbose=0,
     )
     tune_config = tune_config or tune.TuneConfig()
     tune_config.trial_dirname_creator = trial_dirname
+    tune_config.trial_name_creator = functools.partial(run_name, phase=phase)  # phase, batch, lr: trackers' run name
     return tune.Tuner(trainable, param_space=param_space if param_space is not None else build_config(spec),
                       tune_config=tune_config, run_config=run_config)
 
