@@ -74,6 +74,8 @@ DELEGATED = {
     "report": ("judge.report", "write the five-part acceptance report (report.md + plots) for a run folder"),
     "doctor": ("judge.doctor", "diagnose a run folder: name likely causes and fixes"),
     "drill": ("faults.drill", "run fault drills against a run folder and write drill.json"),
+    "export": ("policy.export", "export a run's trained policy as ONNX or TorchScript (runs without Ray) + JSON"),
+    "play": ("policy.play", "play a run's trained policy for N episodes: returns, mean, spread, videos"),
 }
 
 
