@@ -120,3 +120,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if videos:
         print(f"rayrl play: {len(videos)} videos in {video_dir}")
     return 0
+
+
+def report_lines(run_dir: Path) -> list[str]:
+    """report.md's "Policy" section from play.json: the returns, and a link to each recorded video."""
+    import json
+    import os
+
+    path = Path(run_dir) / "play.json"
+    if not path.is_file():
+        return ["No play.json: run `rayrl play RUN_DIR --video DIR` to play the trained policy and record it.", ""]
+    try:
+        data = json.loads(path.read_text())
+        returns = [float(r) for r in data["returns"]]
+    except (ValueError, KeyError, TypeError):
+        return [f"{path}: damaged (no list of returns); run `rayrl play RUN_DIR` again.", ""]
+    mode = "deterministic" if data.get("deterministic") else "sampled"
+    out = [f"Trial {data.get('trial_id')}, {len(returns)} episodes ({mode} actions): mean return "
+           f"{statistics.fmean(returns):.1f}, std {data.get('std', 0.0):.1f}; returns "
+           f"{', '.join(f'{r:.0f}' for r in returns)}.", ""]
+    videos = [v for v in data.get("videos") or [] if Path(v).is_file()]
+    out += [f"- video: [{Path(v).name}]({os.path.relpath(v, run_dir)})" for v in videos]
+    return out + ([""] if videos else [])

@@ -91,3 +91,20 @@ def test_export_play_bad_input_exits_2_with_one_paragraph(tmp_path, argv, words)
     assert proc.returncode == 2, proc.stderr
     assert all(w in proc.stderr for w in words), proc.stderr
     assert "Traceback" not in proc.stderr and "\n\n" not in proc.stderr.strip()
+
+
+def test_report_links_the_played_videos(tmp_path):
+    import json
+
+    from rayrl.policy.play import report_lines
+
+    assert "rayrl play" in report_lines(tmp_path)[0]  # no play.json yet: says how to make one
+    (tmp_path / "video").mkdir()
+    (tmp_path / "video" / "play-episode-0.mp4").write_bytes(b"\0" * 10)
+    (tmp_path / "play.json").write_text(json.dumps({
+        "trial_id": "abc_00000", "returns": [500.0, 480.0], "std": 14.1, "deterministic": True,
+        "videos": [str(tmp_path / "video" / "play-episode-0.mp4"), str(tmp_path / "gone.mp4")]}))
+    lines = report_lines(tmp_path)
+    assert lines[0].startswith("Trial abc_00000, 2 episodes (deterministic actions): mean return 490.0, std 14.1")
+    assert "- video: [play-episode-0.mp4](video/play-episode-0.mp4)" in lines
+    assert not any("gone.mp4" in line for line in lines)  # a deleted video is not linked
