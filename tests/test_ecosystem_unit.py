@@ -108,3 +108,16 @@ def test_report_links_the_played_videos(tmp_path):
     assert lines[0].startswith("Trial abc_00000, 2 episodes (deterministic actions): mean return 490.0, std 14.1")
     assert "- video: [play-episode-0.mp4](video/play-episode-0.mp4)" in lines
     assert not any("gone.mp4" in line for line in lines)  # a deleted video is not linked
+
+
+@pytest.mark.parametrize("program", ["export", "play"])
+def test_export_and_play_are_documented_and_have_help(program):
+    from test_readme import _commands_in_code_blocks
+
+    assert program in {c[1] for c in _commands_in_code_blocks() if c[0] == "rayrl"}
+    top = subprocess.run([sys.executable, "-m", "rayrl.cli", "--help"], capture_output=True, text=True,
+                         env=subprocess_env(), timeout=120)
+    assert program in top.stdout
+    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", program, "--help"], capture_output=True, text=True,
+                          env=subprocess_env(), timeout=120)
+    assert proc.returncode == 0 and f"usage: rayrl {program}" in proc.stdout and "RUN_DIR" in proc.stdout
