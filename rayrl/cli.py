@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--address", default=None, help="Ray address to join (default: the cluster this "
                        "process runs in under `ray job submit`, else a new local Ray)")
     train.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray (default: all)")
+    train.add_argument("--population", type=int, default=None, metavar="K", help="train K trials together with "
+                       "Population Based Training (sets population.size; see `rayrl spec`)")
 
     spec_cmd = sub.add_parser("spec", help="print every spec field with its default and meaning, or "
                               "validate a spec file",

@@ -187,6 +187,18 @@ class TrackingSpec:
 
 
 @dataclass(frozen=True)
+class PopulationSpec:
+    size: int = doc(0, "`rayrl train` trains this many trials together with Population Based Training (Tune's "
+                    "PopulationBasedTraining); 0: one trial", min=0)
+    perturbation_env_steps: int = doc(50_000, "PBT: every this many env steps a trial in the bottom quantile "
+                                      "copies a top trial's checkpoint (exploit) and perturbs lr and "
+                                      "entropy_coeff (explore)", min=1)
+    entropy_min: float = doc(0.0, "PBT: entropy_coeff range, lower end (lr: search.lr_min..search.lr_max)", ge=0.0)
+    entropy_max: float = doc(0.02, "PBT: entropy_coeff range, upper end", ge=0.0)
+    quantile_fraction: float = doc(0.25, "PBT: fraction of trials that exploit / are exploited", gt=0.0, le=0.5)
+
+
+@dataclass(frozen=True)
 class Spec:
     name: str = doc("rayrl", "experiment name: the run folder under the storage path")
     seed: int = doc(0, "seed for torch, the envs and the searchers", min=0)
@@ -200,6 +212,7 @@ class Spec:
     cost: CostSpec = doc(CostSpec(), "prices for cost per effective sample")
     acceptance: AcceptanceSpec = doc(AcceptanceSpec(), "thresholds of the five-part acceptance report")
     tracking: TrackingSpec = doc(TrackingSpec(), "experiment tracking: TensorBoard, MLflow, W&B")
+    population: PopulationSpec = doc(PopulationSpec(), "Population Based Training for `rayrl train`")
 
     @property
     def global_batch(self) -> int:
@@ -361,6 +374,12 @@ def validate(spec: Spec) -> None:
                         "the local learner takes 0 or 1 GPU.")
     check_env(spec.env.id)
     check_tracking(spec.tracking)
+    pop = spec.population
+    if pop.size == 1:
+        raise SpecError("population.size: 1 is not a population; give 0 (one trial) or 2 or more (PBT).")
+    if pop.entropy_min > pop.entropy_max:
+        raise SpecError(f"population.entropy_min: {pop.entropy_min} is above population.entropy_max "
+                        f"({pop.entropy_max}); the entropy range must be non-empty.")
 
 
 def check_tracking(t: TrackingSpec) -> None:

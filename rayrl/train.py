@@ -106,9 +106,15 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
     """Train to the spec's stop criteria (resuming if the run exists); return the summary."""
     spec_mod.dump(spec, paths.run_dir / "spec.yaml")
     start = time.monotonic()
-    tuner = make_tuner(spec, paths)
+    if spec.population.size >= 2:
+        from rayrl import population
+
+        tuner = make_tuner(spec, paths, param_space=population.param_space(spec),
+                           tune_config=population.tune_config(spec, paths.run_dir))
+    else:
+        tuner = make_tuner(spec, paths)
     grid = tuner.fit()
-    result = grid[0]
+    result = grid[0] if len(grid) == 1 else grid.get_best_result(keys.EPISODE_RETURN, "max", scope="last")
     metrics = result.metrics or {}
     summary = {
         "kind": "train",
@@ -128,8 +134,15 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "checkpoint": result.checkpoint.path if result.checkpoint else None,
         "resources": trial_resources(spec),
     }
+    if len(grid) > 1:  # a population: the best member's figures above, and each member's id
+        summary["population"] = {"size": len(grid), "best_trial_id": Path(result.path).name.split("_", 1)[1],
+                                 "exploits": _count_rows(paths.run_dir / "population.csv")}
     runtime.write_json(paths.run_dir / "summary.json", summary)
     return summary
+
+
+def _count_rows(path: Path) -> int:
+    return max(0, len(path.read_text().splitlines()) - 1) if path.exists() else 0
 
 
 def trial_resources(spec: Spec) -> dict:
@@ -141,7 +154,10 @@ def trial_resources(spec: Spec) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
-    spec = spec_mod.load(args.config, args.overrides)
+    overrides = list(args.overrides)
+    if getattr(args, "population", None) is not None:
+        overrides.append(f"population.size={args.population}")
+    spec = spec_mod.load(args.config, overrides)
     paths = runtime.resolve(args.storage, args.name or spec.name)
     runtime.init_ray(args.address, args.num_cpus)
     summary = run(spec, paths)

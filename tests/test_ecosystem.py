@@ -200,3 +200,27 @@ def test_sweep_logs_one_mlflow_run_per_phase2_trial(tmp_path):
         assert float(run.data.params["algo.lr"]) == pytest.approx(float(trials[trial_id]["lr"]))
         assert run.data.tags["mlflow.runName"].startswith(f"phase2_b1024_lr{float(trials[trial_id]['lr']):.1e}")
         assert "rayrl/env_steps_per_s" in run.data.metrics
+
+
+def test_population_of_two_records_exploit_and_explore(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", "train", "--config", str(CONFIG), "--name", "pbt",
+                           "--storage", str(tmp_path), "--num-cpus", "2", "--population", "2",
+                           "--set", "algo.train_batch_per_learner=512", "--set", "algo.minibatch_size=128",
+                           "--set", "resources.env_runners=0", "--set", "env.envs_per_runner=4",
+                           "--set", "checkpoint.every=1", "--set", "stop.env_steps=4096",
+                           "--set", "population.perturbation_env_steps=1024", "--set", "population.entropy_max=0.01"],
+                          env=subprocess_env(), cwd=ROOT, capture_output=True, text=True, timeout=420)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = tmp_path / "pbt"
+    with (run / "population.csv").open() as f:
+        steps = list(csv.DictReader(f))
+    trial_ids = {d.name.split("_", 1)[1] for d in (run / "tune").glob("PPO_*")}
+    assert len(trial_ids) == 2 and len(steps) >= 1
+    for step in steps:
+        assert {step["trial_id"], step["cloned_from"]} == trial_ids  # the bottom trial copied the top one
+        assert 1e-5 <= float(step["lr_new"]) <= 1e-3 and 0.0 <= float(step["entropy_coeff_new"]) <= 0.01
+        assert (float(step["lr_new"]), float(step["entropy_coeff_new"])) != \
+            (float(step["lr_cloned"]), float(step["entropy_coeff_cloned"]))  # explored, not a plain copy
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["population"]["size"] == 2 and summary["population"]["exploits"] == len(steps)
+    assert summary["population"]["best_trial_id"] in trial_ids
