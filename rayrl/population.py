@@ -29,6 +29,24 @@ def mutations(spec: Spec) -> dict[str, Any]:
             "entropy_coeff": tune.uniform(p.entropy_min, p.entropy_max)}
 
 
+def bounds(spec: Spec) -> dict[str, tuple[float, float]]:
+    return {"lr": (spec.search.lr_min, spec.search.lr_max),
+            "entropy_coeff": (spec.population.entropy_min, spec.population.entropy_max)}
+
+
+class Clamp:
+    """PBT's explore multiplies by 1.2 or 0.8 without bounds; this keeps each value in its range."""
+
+    def __init__(self, ranges: dict[str, tuple[float, float]]) -> None:
+        self.ranges = dict(ranges)
+
+    def __call__(self, config: dict) -> dict:
+        for key, (low, high) in self.ranges.items():
+            if key in config:
+                config[key] = min(max(float(config[key]), low), high)
+        return config
+
+
 def param_space(spec: Spec) -> dict:
     """The RLlib config with lr and entropy_coeff drawn per trial from the same ranges."""
     from rayrl.algo import build_config
@@ -43,7 +61,8 @@ def tune_config(spec: Spec, run_dir: Path) -> Any:
     p = spec.population
     scheduler = RecordingPBT(run_dir / "population.csv", time_attr=keys.ENV_STEPS,
                              perturbation_interval=p.perturbation_env_steps, hyperparam_mutations=mutations(spec),
-                             quantile_fraction=p.quantile_fraction, metric=keys.EPISODE_RETURN, mode="max")
+                             quantile_fraction=p.quantile_fraction, metric=keys.EPISODE_RETURN, mode="max",
+                             custom_explore_fn=Clamp(bounds(spec)))
     return tune.TuneConfig(scheduler=scheduler, num_samples=p.size, reuse_actors=False)
 
 

@@ -121,3 +121,15 @@ def test_export_and_play_are_documented_and_have_help(program):
     proc = subprocess.run([sys.executable, "-m", "rayrl.cli", program, "--help"], capture_output=True, text=True,
                           env=subprocess_env(), timeout=120)
     assert proc.returncode == 0 and f"usage: rayrl {program}" in proc.stdout and "RUN_DIR" in proc.stdout
+
+
+def test_population_explore_stays_in_the_spec_ranges():
+    from rayrl.population import Clamp, bounds
+
+    spec = S.from_dict({"population": {"size": 4, "entropy_max": 0.01}, "search": {"lr_min": 1e-4, "lr_max": 1e-3}})
+    clamp = Clamp(bounds(spec))
+    assert clamp({"lr": 1.2e-3, "entropy_coeff": 0.012, "gamma": 0.99}) == \
+        {"lr": 1e-3, "entropy_coeff": 0.01, "gamma": 0.99}
+    assert clamp({"lr": 0.8e-4, "entropy_coeff": 0.005}) == {"lr": 1e-4, "entropy_coeff": 0.005}
+    with pytest.raises(S.SpecError, match="population.size: 1 is not a population"):
+        S.from_dict({"population": {"size": 1}})
