@@ -56,7 +56,7 @@ def trial_params(spec: Spec, config: Mapping[str, Any]) -> dict[str, Any]:
     if "rayrl_lr" in config:  # phase 2: the lr Optuna chose, before the learner scaling rule
         flat["algo.lr"] = config["rayrl_lr"]
     elif isinstance(config.get("lr"), (int, float)):  # the RLlib lr is the scaled one; undo the scaling
-        flat["algo.lr"] = config["lr"] * spec.algo.lr / spec.effective_lr
+        flat["algo.lr"] = config["lr"] / (spec.effective_lr / spec.algo.lr)
     if isinstance(config.get("entropy_coeff"), (int, float)):  # a population's own draw
         flat["algo.entropy_coeff"] = config["entropy_coeff"]
     return flat
