@@ -38,6 +38,9 @@ def _default_trial(root: Path, trial_dirs: dict[str, Path]) -> str:
     best = (summary.get("best") or {}).get("trial_id")
     if summary.get("kind") == "sweep" and best:
         return str(best)
+    member = (summary.get("population") or {}).get("best_trial_id")
+    if member:  # a PBT population: its best member
+        return str(member)
     train = [tid for tid, d in trial_dirs.items() if d.parent.name == "tune"]
     if len(train) == 1:
         return train[0]

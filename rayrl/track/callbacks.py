@@ -59,9 +59,10 @@ class MLflowTracker(MLflowLoggerCallback):
         self.spec = spec
 
     def log_trial_start(self, trial: Any) -> None:
-        if trial not in self._trial_runs:
-            tags = {**self.tags, "trial_name": str(trial), "trial_id": trial.trial_id}
-            self._trial_runs[trial] = self.mlflow_util.start_run(tags=tags, run_name=str(trial)).info.run_id
+        if trial in self._trial_runs:  # a restart (retry, PBT exploit): MLflow params cannot change
+            return
+        tags = {**self.tags, "trial_name": str(trial), "trial_id": trial.trial_id}
+        self._trial_runs[trial] = self.mlflow_util.start_run(tags=tags, run_name=str(trial)).info.run_id
         self.mlflow_util.log_params(run_id=self._trial_runs[trial],
                                     params_to_log=trial_params(self.spec, trial.config))
 
