@@ -23,11 +23,17 @@ from conftest import ROOT, subprocess_env
 pytestmark = pytest.mark.slow
 
 CONFIG = ROOT / "experiments" / "configs" / "cartpole_ppo.yaml"
-SMALL = ["--set", "algo.train_batch_per_learner=1024", "--set", "algo.minibatch_size=256",
-         "--set", "resources.env_runners=0", "--set", "env.envs_per_runner=4", "--set", "checkpoint.every=2"]
+SMALL = ["--set", "algo.train_batch_per_learner=512", "--set", "algo.minibatch_size=128",
+         "--set", "resources.env_runners=0", "--set", "env.envs_per_runner=4", "--set", "checkpoint.every=1"]
+
+
+@pytest.fixture(autouse=True)
+def mlflow_file_store(monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses its file store without it
 
 
 def rayrl_run(args: list[str], storage: Path, timeout: float = 420) -> subprocess.CompletedProcess:
+    """A rayrl command on a local 2-CPU Ray with MLflow on (a file store under ``storage``)."""
     env = subprocess_env(MLFLOW_ALLOW_FILE_STORE="true", WANDB_SILENT="true")
     env.pop("WANDB_MODE", None)  # offline must come from the spec alone
     proc = subprocess.run([sys.executable, *args, "--storage", str(storage), "--num-cpus", "2",
@@ -41,16 +47,22 @@ def rayrl_run(args: list[str], storage: Path, timeout: float = 420) -> subproces
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """`rayrl train` for 4 iterations of 1024 env steps, TensorBoard + MLflow + W&B offline on."""
+    """`rayrl train --population 2`, 4096 env steps per member (batch 512), PBT every 1024 env steps;
+    TensorBoard, MLflow and W&B (offline) on. One short real run serves every test below."""
     storage = tmp_path_factory.mktemp("eco")
-    rayrl_run(["-m", "rayrl.cli", "train", "--name", "eco", "--set", "stop.env_steps=4096",
+    rayrl_run(["-m", "rayrl.cli", "train", "--name", "eco", "--population", "2", "--set", "stop.env_steps=4096",
+               "--set", "population.perturbation_env_steps=1024", "--set", "population.entropy_max=0.01",
                "--set", "tracking.wandb.enabled=true", "--set", "tracking.wandb.mode=offline"], storage)
     return storage / "eco"
 
 
-def history(run: Path) -> list[dict]:
+def trial_ids(run: Path) -> dict[str, Path]:
+    return {d.name.split("_", 1)[1]: d for d in (run / "tune").glob("PPO_*")}
+
+
+def history(run: Path, trial_id: str) -> list[dict]:
     with (run / "history.csv").open() as f:
-        return list(csv.DictReader(f))
+        return [r for r in csv.DictReader(f) if r["trial_id"] == trial_id]
 
 
 def read_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
@@ -68,43 +80,72 @@ def read_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_tensorboard_events_hold_rayrl_throughput_and_return(trained):
-    (events,) = trained.glob("tune/*/events.out.tfevents.*")
-    scalars = read_scalars(events)
-    rows = history(trained)
-    assert len(rows) == 4
-    for tag, column in (("rayrl/env_steps_per_s", "env_steps_per_s"),
-                        ("rayrl/episode_return_mean", "episode_return_mean")):
-        assert [s for s, _ in scalars[tag]] == [int(float(r["env_steps"])) for r in rows]  # stepped by env steps
-        assert [v for _, v in scalars[tag]] == pytest.approx([float(r[column]) for r in rows], rel=1e-5)
-    assert all(v > 0 for _, v in scalars["rayrl/env_steps_per_s"])
-    assert "ray/tune/env_runners/episode_return_mean" in scalars  # Tune's own tags are kept
+    for trial_id, trial_dir in trial_ids(trained).items():
+        scalars: dict[str, list] = {}
+        for events in sorted(trial_dir.glob("events.out.tfevents.*")):  # a PBT restart opens a new file
+            for tag, points in read_scalars(events).items():
+                scalars.setdefault(tag, []).extend(points)
+        rows = history(trained, trial_id)
+        assert len(rows) >= 8
+        for tag, column in (("rayrl/env_steps_per_s", "env_steps_per_s"),
+                            ("rayrl/episode_return_mean", "episode_return_mean")):
+            assert [s for s, _ in scalars[tag]] == [int(float(r["env_steps"])) for r in rows]  # by env steps
+            assert [v for _, v in scalars[tag]] == pytest.approx([float(r[column]) for r in rows], rel=1e-5)
+        assert all(v > 0 for _, v in scalars["rayrl/env_steps_per_s"])
+        assert "ray/tune/env_runners/episode_return_mean" in scalars  # Tune's own tags are kept
 
 
 def test_mlflow_holds_one_run_per_trial_with_spec_params_and_rayrl_metrics(trained):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"file:{trained.parent / 'mlruns'}")
-    experiment = client.get_experiment_by_name("eco")
-    (run,) = client.search_runs([experiment.experiment_id])
-    (trial_dir,) = trained.glob("tune/PPO_*")
-    trial_id = trial_dir.name.split("_", 1)[1]
-    assert run.data.tags["mlflow.runName"] == f"train_b1024_lr3.0e-04_{trial_id}"
-    assert run.data.tags["rayrl.phase"] == "train" and run.info.status == "FINISHED"
-    params = run.data.params
-    assert params["algo.train_batch_per_learner"] == "1024" and params["algo.lr"] == "0.0003"
-    assert params["env.id"] == "CartPole-v1" and params["stop.env_steps"] == "4096"
-    rows = history(trained)
-    steps = client.get_metric_history(run.info.run_id, "rayrl/env_steps_per_s")
-    assert [m.step for m in steps] == [int(float(r["env_steps"])) for r in rows]
-    assert [m.value for m in steps] == pytest.approx([float(r["env_steps_per_s"]) for r in rows], rel=1e-5)
-    assert run.data.metrics["rayrl/episode_return_mean"] == pytest.approx(float(rows[-1]["episode_return_mean"]))
-    assert not any(k.startswith(("learners/", "config/")) for k in run.data.metrics)  # rayrl's keys only
+    runs = client.search_runs([client.get_experiment_by_name("eco").experiment_id])
+    by_trial = {r.data.tags["trial_id"]: r for r in runs}
+    assert len(runs) == 2 and set(by_trial) == set(trial_ids(trained))
+    first = {}  # each member's first draw: params.json, unless PBT replaced it (then population.csv says)
+    for trial_id, trial_dir in trial_ids(trained).items():
+        config = json.loads((trial_dir / "params.json").read_text())
+        first[trial_id] = {"lr": config["lr"], "entropy_coeff": config["entropy_coeff"]}
+    with (trained / "population.csv").open() as f:
+        for step in reversed(list(csv.DictReader(f))):
+            first[step["trial_id"]] = {"lr": float(step["lr_old"]),
+                                       "entropy_coeff": float(step["entropy_coeff_old"])}
+    for trial_id, run in by_trial.items():
+        params = first[trial_id]
+        assert run.data.tags["mlflow.runName"] == f"train_b512_lr{params['lr']:.1e}_{trial_id}"
+        assert run.data.tags["rayrl.phase"] == "train" and run.info.status == "FINISHED"
+        assert run.data.params["algo.train_batch_per_learner"] == "512"
+        assert float(run.data.params["algo.lr"]) == pytest.approx(params["lr"])  # the member's own draw
+        assert float(run.data.params["algo.entropy_coeff"]) == pytest.approx(params["entropy_coeff"])
+        assert run.data.params["env.id"] == "CartPole-v1" and run.data.params["population.size"] == "2"
+        rows = history(trained, trial_id)
+        steps = client.get_metric_history(run.info.run_id, "rayrl/env_steps_per_s")
+        assert [m.step for m in steps] == [int(float(r["env_steps"])) for r in rows]
+        assert [m.value for m in steps] == pytest.approx([float(r["env_steps_per_s"]) for r in rows], rel=1e-5)
+        assert run.data.metrics["rayrl/episode_return_mean"] == pytest.approx(
+            float(rows[-1]["episode_return_mean"]))
+        assert not any(k.startswith(("learners/", "config/")) for k in run.data.metrics)  # rayrl's keys only
 
 
-def test_wandb_offline_writes_its_run_folder(trained):
-    (run_dir,) = trained.glob("tune/PPO_*/wandb/offline-run-*")
-    (log,) = run_dir.glob("run-*.wandb")
-    assert log.stat().st_size > 1000  # the run's records, ready for `wandb sync`
+def test_population_records_exploit_and_explore(trained):
+    with (trained / "population.csv").open() as f:
+        steps = list(csv.DictReader(f))
+    assert len(steps) >= 1
+    for step in steps:
+        assert {step["trial_id"], step["cloned_from"]} == set(trial_ids(trained))  # bottom copied top
+        assert 1e-5 <= float(step["lr_new"]) <= 1e-3 and 0.0 <= float(step["entropy_coeff_new"]) <= 0.01
+        assert (float(step["lr_new"]), float(step["entropy_coeff_new"])) != \
+            (float(step["lr_cloned"]), float(step["entropy_coeff_cloned"]))  # explored, not a plain copy
+    summary = json.loads((trained / "summary.json").read_text())
+    assert summary["population"]["size"] == 2 and summary["population"]["exploits"] == len(steps)
+    assert summary["population"]["best_trial_id"] in trial_ids(trained)
+
+
+def test_wandb_offline_writes_its_run_folders(trained):
+    for trial_id, trial_dir in trial_ids(trained).items():
+        (run_dir,) = trial_dir.glob("wandb/offline-run-*")
+        (log,) = run_dir.glob(f"run-{trial_id}.wandb")
+        assert log.stat().st_size > 1000  # the run's records, ready for `wandb sync`
 
 
 def recorded_observations(module, n: int = 100) -> np.ndarray:
@@ -186,9 +227,9 @@ def test_sweep_logs_one_mlflow_run_per_phase2_trial(tmp_path):
     from mlflow.tracking import MlflowClient
 
     rayrl_run(["experiments/sweep.py", "--name", "ecosweep",
-               "--set", "search.doubling={start: 1024, cap: 1024, warmup_iters: 0, measure_iters: 1}",
-               "--set", "search.num_samples=2", "--set", "search.max_env_steps=2048",
-               "--set", "search.grace_env_steps=1024", "--set", "search.max_concurrent=2"], tmp_path)
+               "--set", "search.doubling={start: 512, cap: 512, warmup_iters: 0, measure_iters: 1}",
+               "--set", "search.num_samples=2", "--set", "search.max_env_steps=1536",
+               "--set", "search.grace_env_steps=512", "--set", "search.max_concurrent=2"], tmp_path)
     with (tmp_path / "ecosweep" / "trials.csv").open() as f:
         trials = {r["trial_id"]: r for r in csv.DictReader(f)}
     client = MlflowClient(f"file:{tmp_path / 'mlruns'}")
@@ -198,29 +239,6 @@ def test_sweep_logs_one_mlflow_run_per_phase2_trial(tmp_path):
     assert sum(r.data.tags["rayrl.phase"] == "phase1" for r in runs) == 1  # the ladder's one rung
     for trial_id, run in phase2.items():
         assert float(run.data.params["algo.lr"]) == pytest.approx(float(trials[trial_id]["lr"]))
-        assert run.data.tags["mlflow.runName"].startswith(f"phase2_b1024_lr{float(trials[trial_id]['lr']):.1e}")
+        assert run.data.tags["mlflow.runName"].startswith(f"phase2_b512_lr{float(trials[trial_id]['lr']):.1e}")
         assert "rayrl/env_steps_per_s" in run.data.metrics
 
-
-def test_population_of_two_records_exploit_and_explore(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", "train", "--config", str(CONFIG), "--name", "pbt",
-                           "--storage", str(tmp_path), "--num-cpus", "2", "--population", "2",
-                           "--set", "algo.train_batch_per_learner=512", "--set", "algo.minibatch_size=128",
-                           "--set", "resources.env_runners=0", "--set", "env.envs_per_runner=4",
-                           "--set", "checkpoint.every=1", "--set", "stop.env_steps=4096",
-                           "--set", "population.perturbation_env_steps=1024", "--set", "population.entropy_max=0.01"],
-                          env=subprocess_env(), cwd=ROOT, capture_output=True, text=True, timeout=420)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run = tmp_path / "pbt"
-    with (run / "population.csv").open() as f:
-        steps = list(csv.DictReader(f))
-    trial_ids = {d.name.split("_", 1)[1] for d in (run / "tune").glob("PPO_*")}
-    assert len(trial_ids) == 2 and len(steps) >= 1
-    for step in steps:
-        assert {step["trial_id"], step["cloned_from"]} == trial_ids  # the bottom trial copied the top one
-        assert 1e-5 <= float(step["lr_new"]) <= 1e-3 and 0.0 <= float(step["entropy_coeff_new"]) <= 0.01
-        assert (float(step["lr_new"]), float(step["entropy_coeff_new"])) != \
-            (float(step["lr_cloned"]), float(step["entropy_coeff_cloned"]))  # explored, not a plain copy
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["population"]["size"] == 2 and summary["population"]["exploits"] == len(steps)
-    assert summary["population"]["best_trial_id"] in trial_ids
