@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--address", default=None, help="Ray address to join (default: the cluster this "
                        "process runs in under `ray job submit`, else a new local Ray)")
     train.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray (default: all)")
+    train.add_argument("--population", type=int, default=None, metavar="K", help="train K trials together with "
+                       "Population Based Training (sets population.size; see `rayrl spec`)")
 
     spec_cmd = sub.add_parser("spec", help="print every spec field with its default and meaning, or "
                               "validate a spec file",
@@ -76,6 +78,8 @@ DELEGATED = {
     "doctor": ("judge.doctor", "diagnose a run folder: name likely causes and fixes"),
     "drill": ("faults.drill", "run fault drills against a run folder and write drill.json"),
     "plan": ("scale.plan", "capacity plan from a measured run: throughput, cost, time to target at 1..N GPUs"),
+    "export": ("policy.export", "export a run's trained policy as ONNX or TorchScript (runs without Ray) + JSON"),
+    "play": ("policy.play", "play a run's trained policy for N episodes: returns, mean, spread, videos"),
 }
 
 

@@ -29,6 +29,7 @@ MOVED = {"algo.hidden": "model.hidden"}  #: fields that moved, so an old spec's 
 RUNNERS = ("fast", "rllib")
 ENV_BACKENDS = ("gymnasium", "envpool")
 OBJECTIVES = ("usd", "wall_s", "env_steps")
+WANDB_MODES = ("online", "offline")
 
 
 class SpecError(ValueError):
@@ -224,6 +225,46 @@ class AcceptanceSpec:
 
 
 @dataclass(frozen=True)
+class MlflowSpec:
+    enabled: bool = doc(False, "log every trial to MLflow: one MLflow run per trial, params = the trial's spec "
+                        "values, metrics = rayrl's result keys (needs the tracking extra)")
+    tracking_uri: str | None = doc(None, "MLflow tracking URI (file:/abs/path, http://host:5000); null: "
+                                   "MLFLOW_TRACKING_URI or MLflow's default; credentials only from "
+                                   "MLFLOW_TRACKING_USERNAME/_PASSWORD/_TOKEN, never in the URI")
+    experiment: str | None = doc(None, "MLflow experiment name; null: the run name")
+
+
+@dataclass(frozen=True)
+class WandbSpec:
+    enabled: bool = doc(False, "log every trial to Weights & Biases, one W&B run per trial (needs the tracking "
+                        "extra; the API key only from WANDB_API_KEY or `wandb login`)")
+    project: str | None = doc(None, "W&B project; null: WANDB_PROJECT, else the run name")
+    group: str | None = doc(None, "W&B group; null: the run name and phase (e.g. cartpole-ppo/phase2)")
+    mode: str = doc("online", "online, or offline (writes the W&B run folder beside the trial, no network; "
+                    "`wandb sync` uploads it later)", choices=WANDB_MODES)
+
+
+@dataclass(frozen=True)
+class TrackingSpec:
+    tensorboard: bool = doc(True, "TensorBoard event files in every trial folder (Tune's TBX logger; rayrl's "
+                            "metrics also under rayrl/, by env steps)")
+    mlflow: MlflowSpec = doc(MlflowSpec(), "MLflow (Tune's MLflowLoggerCallback)")
+    wandb: WandbSpec = doc(WandbSpec(), "Weights & Biases (Tune's WandbLoggerCallback)")
+
+
+@dataclass(frozen=True)
+class PopulationSpec:
+    size: int = doc(0, "`rayrl train` trains this many trials together with Population Based Training (Tune's "
+                    "PopulationBasedTraining); 0: one trial", min=0)
+    perturbation_env_steps: int = doc(50_000, "PBT: every this many env steps a trial in the bottom quantile "
+                                      "copies a top trial's checkpoint (exploit) and perturbs lr and "
+                                      "entropy_coeff (explore)", min=1)
+    entropy_min: float = doc(0.0, "PBT: entropy_coeff range, lower end (lr: search.lr_min..search.lr_max)", ge=0.0)
+    entropy_max: float = doc(0.02, "PBT: entropy_coeff range, upper end", ge=0.0)
+    quantile_fraction: float = doc(0.25, "PBT: fraction of trials that exploit / are exploited", gt=0.0, le=0.5)
+
+
+@dataclass(frozen=True)
 class Spec:
     name: str = doc("rayrl", "experiment name: the run folder under the storage path")
     seed: int = doc(0, "seed for torch, the envs and the searchers", min=0)
@@ -238,6 +279,8 @@ class Spec:
     search: SearchSpec = doc(SearchSpec(), "the sweep: doubling rule then ASHA/HyperBand + Optuna")
     cost: CostSpec = doc(CostSpec(), "prices for cost per effective sample")
     acceptance: AcceptanceSpec = doc(AcceptanceSpec(), "thresholds of the five-part acceptance report")
+    tracking: TrackingSpec = doc(TrackingSpec(), "experiment tracking: TensorBoard, MLflow, W&B")
+    population: PopulationSpec = doc(PopulationSpec(), "Population Based Training for `rayrl train`")
 
     @property
     def global_batch(self) -> int:
@@ -407,6 +450,32 @@ def validate(spec: Spec) -> None:
     check_conv_filters(spec.model.conv_filters)
     check_env(spec.env.id)
     check_backend(spec.env)
+    check_tracking(spec.tracking)
+    pop = spec.population
+    if pop.size == 1:
+        raise SpecError("population.size: 1 is not a population; give 0 (one trial) or 2 or more (PBT).")
+    if pop.entropy_min > pop.entropy_max:
+        raise SpecError(f"population.entropy_min: {pop.entropy_min} is above population.entropy_max "
+                        f"({pop.entropy_max}); the entropy range must be non-empty.")
+
+
+def check_tracking(t: TrackingSpec) -> None:
+    """Credentials stay out of the spec (and so out of the run folder); enabled tools must be installed."""
+    from urllib.parse import urlsplit
+
+    from rayrl.extras import require
+
+    uri = t.mlflow.tracking_uri
+    if uri and "@" in urlsplit(uri).netloc:
+        raise SpecError("tracking.mlflow.tracking_uri: the URI carries a user or password; credentials never go "
+                        "in the spec (it is copied to the run folder): give the URI without them and set "
+                        "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN).")
+    if t.mlflow.enabled:
+        require("mlflow", "tracking", "tracking.mlflow.enabled")
+    if t.wandb.enabled:
+        require("wandb", "tracking", "tracking.wandb.enabled")
+    if t.tensorboard:
+        require("tensorboardX", "tracking", "tracking.tensorboard")
 
 
 def check_backend(env: EnvSpec) -> None:

@@ -7,6 +7,7 @@ resume (``Tuner.restore``); rayrl adds the spec, the progress line and the run f
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 from rayrl import keys, runtime, spec as spec_mod
 from rayrl.spec import Spec
 from rayrl.storage.files import StorageError
+from rayrl.track.naming import run_name
 
 
 def stop_criteria(spec: Spec) -> dict[str, float]:
@@ -42,7 +44,9 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
     from rayrl.faults.preemption import DriverPreemption, FailureBudget
     from rayrl.progress import HistoryWriter, ProgressPrinter
     from rayrl.storage.trainable import settings_for, tiered_trainable
+    from rayrl.track.callbacks import logger_callbacks
 
+    trackers = logger_callbacks(spec, phase, paths.name)  # before a restore too: it sets Tune's loggers
     trainable = algorithm_class(spec.algo.name)
     if checkpoints:  # tiered, verified checkpoints and SIGTERM handling (rayrl.storage.trainable)
         trainable = tiered_trainable(trainable, settings_for(spec))
@@ -66,13 +70,15 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
         # Tune retries forever; FailureBudget ends the run at max_failures within failure_window_s.
         failure_config=tune.FailureConfig(max_failures=-1 if checkpoints else 0),
         callbacks=[ProgressPrinter(verbose_label, show_config=phase != "train"),
-                   HistoryWriter(paths.run_dir / "history.csv", phase, store=paths.store), *(extra_callbacks or []),
+                   HistoryWriter(paths.run_dir / "history.csv", phase, store=paths.store), *trackers,
+                   *(extra_callbacks or []),
                    *([FailureBudget(spec.checkpoint.max_failures, spec.checkpoint.failure_window_s),
                       DriverPreemption()] if checkpoints else [])],
         verbose=0,
     )
     tune_config = tune_config or tune.TuneConfig()
     tune_config.trial_dirname_creator = trial_dirname
+    tune_config.trial_name_creator = functools.partial(run_name, phase=phase)  # phase, batch, lr: trackers' run name
     return tune.Tuner(trainable, param_space=param_space if param_space is not None else build_config(spec),
                       tune_config=tune_config, run_config=run_config)
 
@@ -111,10 +117,16 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
 
     paths.write_text("spec.yaml", spec_mod.dumps(spec))
     start = time.monotonic()
-    tuner = make_tuner(spec, paths)
+    if spec.population.size >= 2:
+        from rayrl import population
+
+        tuner = make_tuner(spec, paths, param_space=population.param_space(spec),
+                           tune_config=population.tune_config(spec, paths.run_dir))
+    else:
+        tuner = make_tuner(spec, paths)
     preemption.install_driver_handler(spec.checkpoint.preempt_grace_s)
     grid = tuner.fit()
-    result = grid[0]
+    result = grid[0] if len(grid) == 1 else grid.get_best_result(keys.EPISODE_RETURN, "max", scope="last")
     metrics = result.metrics or {}
     preempted, budget = preemption.driver_preempted(), preemption.budget_exceeded()
     status = ("error" if result.error or budget else "preempted" if preempted["requested_at"] else "finished")
@@ -144,8 +156,15 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "checkpoint_fallbacks": fallbacks(paths.run_dir),
         "hung_runner_restarts": keys.lookup(metrics, keys.HUNG_RUNNER_RESTARTS),
     }
+    if len(grid) > 1:  # a population: the best member's figures above, and each member's id
+        summary["population"] = {"size": len(grid), "best_trial_id": Path(result.path).name.split("_", 1)[1],
+                                 "exploits": _count_rows(paths.run_dir / "population.csv")}
     paths.write_json("summary.json", summary)
     return summary
+
+
+def _count_rows(path: Path) -> int:
+    return max(0, len(path.read_text().splitlines()) - 1) if path.exists() else 0
 
 
 def _finite(value: Any) -> float | None:
@@ -162,7 +181,10 @@ def trial_resources(spec: Spec) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
-    spec = spec_mod.load(args.config, args.overrides)
+    overrides = list(args.overrides)
+    if getattr(args, "population", None) is not None:
+        overrides.append(f"population.size={args.population}")
+    spec = spec_mod.load(args.config, overrides)
     paths = runtime.resolve(args.storage, args.name or spec.name)
     try:
         with runtime.claim(paths):

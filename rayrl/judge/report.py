@@ -125,6 +125,9 @@ def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseli
     else:
         out += [_table([(d.get("name"), _fmt(d.get("recovery_s"), ".1f"), d.get("outcome"))
                         for d in run.drill.get("drills") or []], ("drill", "recovery (s)", "outcome")), ""]
+    from rayrl.policy.play import report_lines
+
+    out += ["## Policy", ""] + report_lines(run.path)
     out += ["## Plots", ""] + [f"![{Path(name).stem}](plots/{name})" for name in plots] + [""]
     return "\n".join(out)
 

@@ -1,0 +1,74 @@
+"""Tune logger callbacks for one Tuner: CSV and JSON always, TensorBoard, MLflow and W&B as the spec says.
+
+Tune's own loggers do the work; rayrl's subclasses only choose what is recorded: rayrl's metrics by
+env steps (TensorBoard), the trial's spec values and rayrl's result keys (MLflow), and a run name
+that says phase, batch and lr (all three, through the Tuner's trial_name_creator).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ray.air.integrations.mlflow import MLflowLoggerCallback
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, TBXLoggerCallback
+
+from rayrl import keys
+from rayrl.spec import Spec
+from rayrl.track.naming import PHASE_LABELS, rayrl_metrics, trial_params
+
+
+def logger_callbacks(spec: Spec, phase: str, run_name: str) -> list:
+    """The loggers of one Tuner. Tune adds its CSV/JSON/TBX loggers itself unless told not to; rayrl
+    lists them explicitly (so tracking.tensorboard: false really writes no event files)."""
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+    t = spec.tracking
+    out: list = [CSVLoggerCallback(), JsonLoggerCallback()]  # progress.csv / result.json: ExperimentAnalysis
+    if t.tensorboard:
+        out.append(TensorBoardTracker())
+    if t.mlflow.enabled:
+        out.append(MLflowTracker(spec, phase, tracking_uri=t.mlflow.tracking_uri,
+                                 experiment_name=t.mlflow.experiment or run_name))
+    if t.wandb.enabled:
+        from rayrl.track.wandb_logger import wandb_callback
+
+        out.append(wandb_callback(t.wandb, run_name, phase))
+    return out
+
+
+class TensorBoardTracker(TBXLoggerCallback):
+    """Tune's TBX logger (every numeric result key under ray/tune/), plus rayrl's metrics under rayrl/
+    with env steps as the step, so trials of different batch sizes line up."""
+
+    def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
+        super().log_trial_result(iteration, trial, result)
+        metrics = rayrl_metrics(result)
+        step = int(metrics.get("rayrl/env_steps", result.get(keys.ITERATION, iteration)))
+        writer = self._trial_writer[trial]
+        for tag, value in metrics.items():
+            writer.add_scalar(tag, value, global_step=step)
+        writer.flush()
+
+
+class MLflowTracker(MLflowLoggerCallback):
+    """One MLflow run per trial: params are the trial's spec values (not RLlib's hundreds of config
+    keys), metrics are rayrl's result keys, stepped by env steps; tagged with the phase."""
+
+    def __init__(self, spec: Spec, phase: str, **kwargs: Any) -> None:
+        super().__init__(tags={"rayrl.phase": PHASE_LABELS.get(phase, phase)}, **kwargs)
+        self.spec = spec
+
+    def log_trial_start(self, trial: Any) -> None:
+        if trial in self._trial_runs:  # a restart (retry, PBT exploit): MLflow params cannot change
+            return
+        tags = {**self.tags, "trial_name": str(trial), "trial_id": trial.trial_id}
+        self._trial_runs[trial] = self.mlflow_util.start_run(tags=tags, run_name=str(trial)).info.run_id
+        self.mlflow_util.log_params(run_id=self._trial_runs[trial],
+                                    params_to_log=trial_params(self.spec, trial.config))
+
+    def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
+        if trial not in self._trial_runs:
+            self.log_trial_start(trial)
+        metrics = rayrl_metrics(result)
+        step = int(metrics.get("rayrl/env_steps", result.get(keys.ITERATION, iteration)))
+        self.mlflow_util.log_metrics(run_id=self._trial_runs[trial], metrics_to_log=metrics, step=step)
