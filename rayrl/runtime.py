@@ -8,6 +8,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rayrl import trust
 from rayrl.spec import SpecError
 
 REMOTE_SCHEMES = ("s3://", "gs://", "gcs://", "abfs://", "hdfs://")
@@ -23,13 +24,14 @@ class RunPaths:
     remote: bool
 
 
-def resolve(storage: str, name: str) -> RunPaths:
+def resolve(storage: str, name: str, allow_shared: bool = False) -> RunPaths:
     """Check the storage path and the name before any Ray work; create the local run folder.
 
     Remote storage (s3://, gs://) is handed to Tune as is; rayrl's own files (CSV, JSON, YAML)
     are then kept in a local mirror under ~/.rayrl/runs/NAME and also copied to the bucket at the
     end of the run.
     """
+    trust.check_name(name)
     if not name or "/" in name or name in (".", "..") or name.strip() != name:
         raise SpecError(f"--name: {name!r} is not a valid run name; use letters, digits, '-', '_' or '.' "
                         "with no '/' or surrounding spaces.")
@@ -41,6 +43,7 @@ def resolve(storage: str, name: str) -> RunPaths:
         raise SpecError(f"--storage: {storage!r} uses an unsupported scheme; give a local folder or one of "
                         f"{', '.join(REMOTE_SCHEMES)}.")
     root = Path(storage).expanduser().resolve()
+    trust.check_run_dir(root / name, allow_shared)
     try:
         root.mkdir(parents=True, exist_ok=True)
         (root / name).mkdir(exist_ok=True)

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = spec_mod.load(args.config, args.overrides)
         if args.smoke:
             spec = smoke(spec)
-        paths = runtime.resolve(args.storage, args.name or spec.name)
+        paths = runtime.resolve(args.storage, args.name or spec.name, args.allow_shared_run_dir)
     except SpecError as exc:
         sys.stderr.write(textwrap.fill(f"sweep: error: {exc}", width=100) + "\n")
         return 2

@@ -137,7 +137,7 @@ def trial_resources(spec: Spec) -> dict:
 
 def main(args: argparse.Namespace) -> int:
     spec = spec_mod.load(args.config, args.overrides)
-    paths = runtime.resolve(args.storage, args.name or spec.name)
+    paths = runtime.resolve(args.storage, args.name or spec.name, args.allow_shared_run_dir)
     runtime.init_ray(args.address, args.num_cpus)
     summary = run(spec, paths)
     ret = summary["episode_return_mean"]
