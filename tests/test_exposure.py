@@ -41,6 +41,10 @@ VARIANTS = [
     # launcher files: core dumps, public IPs
     ("core-dumps-on", "local.yaml", _start("head_start_ray_commands", "ulimit -c 0", "ulimit -c unlimited"),
      "head_start_ray_commands"),
+    ("worker-ports-left-to-ray", "gcp-gpu.yaml", _start("worker_start_ray_commands", " --node-manager-port=8077", ""),
+     "worker_start_ray_commands"),
+    ("client-port-left-to-ray", "gpu.yaml", _start("head_start_ray_commands", " --ray-client-server-port=10001", ""),
+     "head_start_ray_commands"),
     ("docker-core-limit-missing", "gpu.yaml", lambda d: d[0]["docker"]["run_options"].remove("--ulimit core=0"),
      "docker.run_options"),
     ("gcp-external-ip", "gcp-gpu.yaml", lambda d: d[0]["available_node_types"]["gpu.a3"]["node_config"][
@@ -103,6 +107,6 @@ def test_reverting_one_hardening_step_fails_validation_naming_the_key(
 
 def test_validate_help_lists_the_exposure_rules() -> None:
     text = cluster.build_parser()._subparsers._group_actions[0].choices["validate"].format_help()
-    for words in ("core", "external IP", "NetworkPolicy", "securityContext", "gcsFaultToleranceOptions",
+    for words in ("every port", "core", "external IP", "NetworkPolicy", "securityContext", "gcsFaultToleranceOptions",
                   "backoffLimit"):
         assert words in text, words

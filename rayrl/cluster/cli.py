@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
             labelled rayrl.io/role: learner have GPUs, the Docker image runs the installed Ray,
             token auth on (token from a mounted file, never RAY_AUTH_TOKEN inline), dashboard on
             127.0.0.1, --metrics-export-port=8080, no security group open to the world,
-            min_workers <= max_workers, rayrl installed at this checkout's version, core dumps
+            min_workers <= max_workers, rayrl installed at this checkout's version, every port
+            `ray start` opens named by a flag (so a firewall can admit exactly those), core dumps
             off (no `ulimit -c unlimited`, docker --ulimit core=0), on GCP no external IP on any
             node (networkInterfaces without accessConfigs, use_internal_ips: true).
             KubeRay manifests (RayCluster, RayJob, Volcano Queue, NetworkPolicy): kind and

@@ -46,6 +46,30 @@ def core_dump_problems(config: dict) -> list[str]:
     return problems
 
 
+NODE_PORT_FLAGS = ("object-manager-port", "node-manager-port", "dashboard-agent-grpc-port",
+                   "dashboard-agent-listen-port", "runtime-env-agent-port", "metrics-export-port",
+                   "min-worker-port", "max-worker-port")
+HEAD_PORT_FLAGS = ("port", "ray-client-server-port", "dashboard-port") + NODE_PORT_FLAGS
+
+
+def port_problems(config: dict) -> list[str]:
+    """Every `ray start` names each port Ray opens, so the firewall can admit exactly those.
+
+    Left to Ray, the raylet, agents and workers take random ports, and a firewall must then open
+    whole ranges; tests/test_exposure_live.py checks a live head listens on nothing else.
+    """
+    problems = []
+    for key, flags in (("head_start_ray_commands", HEAD_PORT_FLAGS), ("worker_start_ray_commands", NODE_PORT_FLAGS)):
+        text = " ".join(cmd for k, cmd in _commands(config) if k == key and "ray start" in cmd)
+        if not text:
+            continue
+        missing = [f for f in flags if not re.search(rf"--{f}[= ]\d+", text)]
+        if missing:
+            problems.append(f"{key}: `ray start` leaves {', '.join('--' + f for f in missing)} to Ray, which then "
+                            "opens random ports a firewall cannot name; pin each (see cluster_configs/gpu.yaml).")
+    return problems
+
+
 def public_ip_problems(config: dict) -> list[str]:
     """GCP nodes without external IPs: Ray Client (10001) and metrics (8080) cannot be bound privately.
 

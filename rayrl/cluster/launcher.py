@@ -52,7 +52,8 @@ def validate_launcher(config: dict) -> list[str]:
               lambda: rules.auth_problems(config), lambda: rules.start_flag_problems(config),
               lambda: rules.gpu_problems(config), lambda: rules.worker_count_problems(config, prepared),
               lambda: rules.security_problems(config), lambda: rules.setup_problems(config),
-              lambda: exposure.core_dump_problems(config), lambda: exposure.public_ip_problems(config))
+              lambda: exposure.core_dump_problems(config), lambda: exposure.public_ip_problems(config),
+              lambda: exposure.port_problems(config))
     schema_failed = bool(problems)
     for check in checks:
         try:
