@@ -91,7 +91,18 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         address = "local"  # Ray would otherwise wait forever on a head that was killed, not stopped
     if not joining and os.environ.get("RAYRL_DASHBOARD") == "0":
         kwargs["include_dashboard"] = False
+    if address == "local":
+        # A Ray of this machine alone listens on loopback only: GCS, raylet, agents, workers and the
+        # metrics endpoint (Ray binds that one to all interfaces unless the node IP is loopback).
+        kwargs["_node_ip_address"] = "127.0.0.1"
     ray.init(address=address, **kwargs)
+
+
+def record_posture(paths: RunPaths) -> None:
+    """posture.json: the security posture of the Ray this run joined (the report judges it)."""
+    from rayrl import posture
+
+    write_json(paths.run_dir / "posture.json", posture.record(paths.run_dir, paths.storage))
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -266,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(textwrap.fill(f"sweep: error: {exc}", width=100) + "\n")
         return 2
     runtime.init_ray(None, args.num_cpus)
+    runtime.record_posture(paths)
     try:
         summary = run(spec, paths)
     except SweepError as exc:

@@ -139,6 +139,7 @@ def main(args: argparse.Namespace) -> int:
     spec = spec_mod.load(args.config, args.overrides)
     paths = runtime.resolve(args.storage, args.name or spec.name, args.allow_shared_run_dir)
     runtime.init_ray(args.address, args.num_cpus)
+    runtime.record_posture(paths)
     summary = run(spec, paths)
     ret = summary["episode_return_mean"]
     print(f"rayrl train: {summary['status']} after {summary['iterations']} iterations, "

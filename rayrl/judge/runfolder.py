@@ -44,6 +44,7 @@ class RunFolder:
     trials: pd.DataFrame | None = None
     best_config: dict | None = None
     drill: dict | None = None
+    posture: dict | None = None   # posture.json: auth, TLS, listeners, run-folder permissions
     notes: list[str] = field(default_factory=list)
     sections: dict[str, Any] = field(default_factory=dict)  # spec sections as rayrl.spec dataclasses
 
@@ -113,6 +114,7 @@ def load(path: str | Path) -> RunFolder:
     elif not summary:
         notes.append("summary.json is missing: the run is still going or stopped before finishing.")
     run.drill = _read_drill(root / "drill.json")
+    run.posture = _read_json(root / "posture.json", required=False) or None
     return run
 
 
