@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from rayrl import trust
 from rayrl.spec import SpecError
 from rayrl.storage.files import write_local
 from rayrl.storage.lock import RunLock
@@ -58,17 +59,20 @@ class RunPaths:
         self.store.write_text(rel, json.dumps(data, indent=2, default=str))
 
 
-def resolve(storage: str, name: str) -> RunPaths:
+def resolve(storage: str, name: str, allow_shared: bool = False) -> RunPaths:
     """Check the storage (local folder or URI) and the name before any Ray work; create the run folder.
 
     Object storage: rayrl's own files (CSV, JSON, YAML) are written to a local mirror (see
     rayrl.storage.mirror) and uploaded to STORAGE/NAME as each is written.
     """
+    trust.check_name(name)
     if not name or "/" in name or name in (".", "..") or name.strip() != name or "?" in name:
         raise SpecError(f"--name: {name!r} is not a valid run name; use letters, digits, '-', '_' or '.' "
                         "with no '/' or surrounding spaces.")
     root = parse(storage)
     run = root.child(name)
+    if root.local:  # nothing is followed or created before the trust check
+        trust.check_run_dir(Path(run.path), allow_shared)
     check_writable(run)
     run_dir = Path(run.path) if root.local else mirror_dir(run)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -126,7 +130,18 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         address = "local"  # Ray would otherwise wait forever on a head that was killed, not stopped
     if not joining and os.environ.get("RAYRL_DASHBOARD") == "0":
         kwargs["include_dashboard"] = False
+    if address == "local":
+        # A Ray of this machine alone listens on loopback only: GCS, raylet, agents, workers and the
+        # metrics endpoint (Ray binds that one to all interfaces unless the node IP is loopback).
+        kwargs["_node_ip_address"] = "127.0.0.1"
     ray.init(address=address, **kwargs)
+
+
+def record_posture(paths: RunPaths) -> None:
+    """posture.json: the security posture of the Ray this run joined (the report judges it)."""
+    from rayrl import posture
+
+    paths.write_json("posture.json", posture.record(paths.run_dir, paths.storage))
 
 
 def write_json(path: Path, data: dict) -> None:

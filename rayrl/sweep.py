@@ -392,13 +392,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         spec = load_spec(args.config, args.overrides, tiny=args.smoke)
-        paths = runtime.resolve(args.storage, args.name or spec.name)
+        paths = runtime.resolve(args.storage, args.name or spec.name, args.allow_shared_run_dir)
     except SpecError as exc:
         sys.stderr.write(textwrap.fill(f"sweep: error: {exc}", width=100) + "\n")
         return 2
     try:
         with runtime.claim(paths):
             runtime.init_ray(None, args.num_cpus)
+            runtime.record_posture(paths)
             summary = run(spec, paths)
     except StorageError as exc:  # a full disk or a failed upload: say so, files intact, resumable
         sys.stderr.write(textwrap.fill(f"sweep: error: {exc.strerror}", width=100) + "\n")

@@ -185,10 +185,11 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "population", None) is not None:
         overrides.append(f"population.size={args.population}")
     spec = spec_mod.load(args.config, overrides)
-    paths = runtime.resolve(args.storage, args.name or spec.name)
+    paths = runtime.resolve(args.storage, args.name or spec.name, args.allow_shared_run_dir)
     try:
         with runtime.claim(paths):
             runtime.init_ray(args.address, args.num_cpus)
+            runtime.record_posture(paths)
             summary = run(spec, paths)
     except StorageError as exc:  # a full disk or a failed upload: one paragraph, files intact, resumable
         print(f"rayrl train: error: {exc.strerror}", file=sys.stderr)

@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 
 import yaml
 
+from rayrl.cluster import exposure
 from rayrl.cluster.common import one_line
 from rayrl.cluster.kube import validate_kube
 from rayrl.cluster.launcher import validate_launcher
@@ -45,7 +46,7 @@ def validate_file(path: str | Path) -> list[str]:
         problems = validate_lifecycle(docs[0])
     elif all("apiVersion" in d or "kind" in d for d in docs):
         try:
-            problems = [m for d in docs for m in validate_kube(d)]
+            problems = [m for d in docs for m in validate_kube(d)] + exposure.kube_file_problems(docs)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             problems = [f"a section has an unexpected shape ({type(exc).__name__}: {one_line(exc)}); compare it "
                         "with cluster_configs/kuberay/."]
@@ -84,12 +85,21 @@ def build_parser() -> argparse.ArgumentParser:
             labelled rayrl.io/role: learner have GPUs, the Docker image runs the installed Ray,
             token auth on (token from a mounted file, never RAY_AUTH_TOKEN inline), dashboard on
             127.0.0.1, --metrics-export-port=8080, no security group open to the world,
-            min_workers <= max_workers, rayrl installed at this checkout's version.
-            KubeRay manifests (RayCluster, RayJob, Volcano Queue): kind and apiVersion, rayVersion
-            and image tags equal the installed Ray, authOptions.mode token and no token in env, a
-            GPU worker group with nvidia.com/gpu limits equal to requests, minReplicas <=
-            maxReplicas, ClusterIP head service, a RayJob entrypoint, a Queue capability.
-            Bucket lifecycle files (S3 `Rules`, GCS `rule`, JSON): the guide's tiers (warm on day
+            min_workers <= max_workers, rayrl installed at this checkout's version, every port
+            `ray start` opens named by a flag (so a firewall can admit exactly those), core dumps
+            off (no `ulimit -c unlimited`, docker --ulimit core=0), on GCP no external IP on any
+            node (networkInterfaces without accessConfigs, use_internal_ips: true).
+            KubeRay manifests (RayCluster, RayJob, Volcano Queue, NetworkPolicy): kind and
+            apiVersion, rayVersion and image tags equal the installed Ray, authOptions.mode token
+            and no token in env, a GPU worker group with nvidia.com/gpu limits equal to requests,
+            minReplicas <= maxReplicas, ClusterIP head service, a RayJob entrypoint and
+            backoffLimit >= 1, a Queue capability; every pod template labelled rayrl.io/cluster and
+            a NetworkPolicy in the same file that fences those pods in (no rule open to everyone);
+            a securityContext on every container (runAsNonRoot, no privilege escalation, read-only
+            root, capabilities drop ALL); gcsFaultToleranceOptions with an external Redis whose
+            password comes from a Secret.
+
+             files (S3 `Rules`, GCS `rule`, JSON): the guide's tiers (warm on day
             7, archive on day 37), transitions to ever colder classes the cloud accepts, a prefix
             filter, no deletion before archive, clean-up of interrupted multipart uploads."""),
         epilog="example: rayrl cluster validate cluster_configs/gpu.yaml cluster_configs/kuberay/")

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rayrl.cluster import exposure
 from rayrl.cluster.common import image_version_problem
 
 KUBE_KINDS = {"RayCluster": "ray.io/v1", "RayJob": "ray.io/v1", "Queue": "scheduling.volcano.sh/v1beta1",
-              "PriorityClass": "scheduling.k8s.io/v1"}
+              "PriorityClass": "scheduling.k8s.io/v1", "NetworkPolicy": "networking.k8s.io/v1"}
 #: Kubernetes reserves priorities above this for system classes.
 MAX_USER_PRIORITY = 1_000_000_000
 PREEMPTION_POLICIES = ("PreemptLowerPriority", "Never")
@@ -36,15 +37,23 @@ def validate_kube(doc: dict) -> list[str]:
     if not isinstance(spec, dict):
         return [f"{where}: spec: missing or not a mapping; see cluster_configs/kuberay/."]
     if kind == "RayCluster":
-        return [f"{where}: {m}" for m in _raycluster_problems(spec, "spec")]
+        return [f"{where}: {m}" for m in _raycluster_problems(spec, "spec", name)]
+    if kind == "NetworkPolicy":
+        return [f"{where}: {m}" for m in exposure.network_policy_problems(doc)]
     if kind == "RayJob":
         problems = [] if str(spec.get("entrypoint") or "").strip() else \
             ["spec.entrypoint: missing; give the command the job runs (python experiments/sweep.py ...)."]
+        if not (isinstance(spec.get("backoffLimit"), int) and spec["backoffLimit"] >= 1):
+            problems.append(f"spec.backoffLimit: {spec.get('backoffLimit')!r}; a lost head or submitter ends the "
+                            "sweep for good; set backoffLimit: 2 or more (the sweep resumes from its storage).")
         cluster = spec.get("rayClusterSpec")
         if not isinstance(cluster, dict):
             problems.append("spec.rayClusterSpec: missing; the RayJob needs the cluster it creates.")
         else:
-            problems += _raycluster_problems(cluster, "spec.rayClusterSpec")
+            problems += _raycluster_problems(cluster, "spec.rayClusterSpec", name)
+            if spec.get("submissionMode", "K8sJobMode") == "K8sJobMode":
+                problems += exposure.pod_label_problems("spec.submitterPodTemplate",
+                                                        spec.get("submitterPodTemplate") or {}, name)
         return [f"{where}: {m}" for m in problems]
     return [f"{where}: {m}" for m in _queue_problems(spec)]
 
@@ -76,7 +85,7 @@ def _priority_class_problems(doc: dict) -> list[str]:
     return problems
 
 
-def _raycluster_problems(spec: dict, at: str) -> list[str]:
+def _raycluster_problems(spec: dict, at: str, name: str) -> list[str]:
     """Problems with the RayCluster spec at key path ``at``: a RayCluster's spec or a RayJob's rayClusterSpec."""
     import ray
 
@@ -96,6 +105,7 @@ def _raycluster_problems(spec: dict, at: str) -> list[str]:
         (f"{at}.workerGroupSpecs[{i}]", g or {}) for i, g in enumerate(spec.get("workerGroupSpecs") or [])]
     gpu_groups = 0
     for where, group in groups:
+        problems += exposure.pod_label_problems(f"{where}.template", group.get("template") or {}, name)
         containers = ((group.get("template") or {}).get("spec") or {}).get("containers") or []
         if not containers:
             problems.append(f"{where}.template.spec.containers: empty; the first container runs Ray.")
@@ -104,6 +114,7 @@ def _raycluster_problems(spec: dict, at: str) -> list[str]:
                                        containers[0].get("image", ""), ray.__version__)):
             problems.append(m)
         for j, c in enumerate(containers):
+            problems += exposure.container_context_problems(f"{where}.template.spec.containers[{j}]", c)
             res = c.get("resources") or {}
             limit = (res.get("limits") or {}).get("nvidia.com/gpu")
             request = (res.get("requests") or {}).get("nvidia.com/gpu")
@@ -117,6 +128,7 @@ def _raycluster_problems(spec: dict, at: str) -> list[str]:
         low, high = group.get("minReplicas"), group.get("maxReplicas")
         if isinstance(low, int) and isinstance(high, int) and low > high:
             problems.append(f"{where}.minReplicas: {low} is above maxReplicas ({high}).")
+    problems += exposure.gcs_ft_problems(spec, at)
     if not gpu_groups:
         problems.append(f"{at}.workerGroupSpecs: no group has resources.limits nvidia.com/gpu, so learners have no "
                         "GPUs; add a GPU worker group (limits: {nvidia.com/gpu: '8'}).")

@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any, Iterator
 
-from rayrl.cluster import launcher_rules as rules
+from rayrl.cluster import exposure, launcher_rules as rules
 from rayrl.cluster.common import dotted, one_line, short
 
 # Ray builds the one node type of an on-premise (provider: local) cluster itself.
@@ -51,7 +51,9 @@ def validate_launcher(config: dict) -> list[str]:
     checks = (lambda: _filled_keys(config, prepared), lambda: rules.image_problems(config, ray.__version__),
               lambda: rules.auth_problems(config), lambda: rules.start_flag_problems(config),
               lambda: rules.gpu_problems(config), lambda: rules.worker_count_problems(config, prepared),
-              lambda: rules.security_problems(config), lambda: rules.setup_problems(config))
+              lambda: rules.security_problems(config), lambda: rules.setup_problems(config),
+              lambda: exposure.core_dump_problems(config), lambda: exposure.public_ip_problems(config),
+              lambda: exposure.port_problems(config))
     schema_failed = bool(problems)
     for check in checks:
         try:

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Sequence
 import pandas as pd
 
 from rayrl import cost, keys
+from rayrl.judge import security
 from rayrl.judge.acceptance import FAIL, PARTS, Check, part_verdicts
 from rayrl.judge.evaluation import evaluate, ladder_costs, run_costs
 from rayrl.judge.plots import figures
@@ -128,6 +129,11 @@ def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseli
     from rayrl.policy.play import report_lines
 
     out += ["## Policy", ""] + report_lines(run.path)
+    sec = security.checks(run.posture)
+    out += ["## Security", "", f"Verdict: {security.verdict(sec)} (not an acceptance part: the exposure of the "
+            "Ray this run joined, as recorded at its start in posture.json; see docs/security.md).", "",
+            _table([(c.name, c.threshold, c.measured, c.verdict) for c in sec],
+                   ("check", "threshold", "measured", "verdict")), ""]
     out += ["## Plots", ""] + [f"![{Path(name).stem}](plots/{name})" for name in plots] + [""]
     return "\n".join(out)
 

@@ -50,6 +50,7 @@ class RunFolder:
     confirm: pd.DataFrame | None = None  # confirm.csv: phase 2's top configs re-run on fresh seeds
     best_config: dict | None = None
     drill: dict | None = None
+    posture: dict | None = None   # posture.json: auth, TLS, listeners, run-folder permissions
     notes: list[str] = field(default_factory=list)
     sections: dict[str, Any] = field(default_factory=dict)  # spec sections as rayrl.spec dataclasses
     source: str | None = None  # the storage URI when the run folder is in object storage (path: a local copy)
@@ -146,6 +147,7 @@ def load(path: str | Path) -> RunFolder:
     elif not summary:
         notes.append("summary.json is missing: the run is still going or stopped before finishing.")
     run.drill = _read_drill(root / "drill.json")
+    run.posture = _read_json(root / "posture.json", required=False) or None
     return run
 
 
