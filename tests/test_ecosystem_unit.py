@@ -74,7 +74,7 @@ def test_trial_params_are_the_trials_spec_values():
                                  "rayrl_lr": 4.5e-4, "num_envs_per_env_runner": 99})
     assert params["algo.train_batch_per_learner"] == 4096 and params["algo.minibatch_size"] == 512
     assert params["algo.lr"] == 4.5e-4 and params["env.id"] == "CartPole-v1"
-    assert params["algo.hidden"] == [64, 64] and params["search.doubling.start"] == 2048
+    assert params["model.hidden"] == [64, 64] and params["search.doubling.start"] == 2048
     assert "tracking.mlflow.tracking_uri" not in params and "num_envs_per_env_runner" not in params
     scaled = S.from_dict({"algo": {"lr": 1e-4}, "resources": {"learners": 4, "lr_scaling": "linear"}})
     params = trial_params(scaled, {"lr": 8e-4, "entropy_coeff": 0.004})  # a PBT member: its own draws, scaled lr
