@@ -63,7 +63,7 @@ def one_run(mode: str, storage: str, round_: int, args: argparse.Namespace, scra
 
     spec = C.load_spec(C.DEFAULT_CONFIG, [
         f"algo.train_batch_per_learner={args.batch}", f"algo.minibatch_size={min(args.batch, 256)}",
-        "algo.epochs=1", f"algo.hidden=[{args.hidden}]", "env.envs_per_runner=4", "stop.episode_return=null",
+        "algo.epochs=1", f"model.hidden=[{args.hidden}]", "env.envs_per_runner=4", "stop.episode_return=null",
         f"stop.env_steps={args.batch * args.iters}", "checkpoint.every=1", "checkpoint.keep=3",
         f"checkpoint.tiered={'true' if mode == 'tiered' else 'false'}",
         f"checkpoint.local_dir={scratch / 'tier1'}"])

@@ -107,7 +107,7 @@ def main() -> int:
     spec = C.load_spec(args.config)
     spec = spec_mod.replace(spec, algo={"train_batch_per_learner": args.batch, "minibatch_size": args.batch // 4,
                                         "epochs": 4}, env={"envs_per_runner": 8})
-    grad_bytes = 4 * mlp_params(*space_dims(spec.env.id), list(spec.algo.hidden))
+    grad_bytes = 4 * mlp_params(*space_dims(spec.env.id), list(spec.model.hidden))
     small, big = gloo_allreduce_s((4, 4 << 20), 2)
     latency_us = small / 2 * 1e6                    # ring at 2 ranks: 2(n-1) = 2 latency steps
     busbw = (4 << 20) / max(big - 2 * small / 2, 1e-9) / 1e9   # 2(n-1)/n = 1 at 2 ranks
