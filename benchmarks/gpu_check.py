@@ -202,7 +202,8 @@ def run_learners(args: argparse.Namespace, learners: int) -> dict[str, Any]:
 
     spec = from_dict({"seed": 0, "env": {"envs_per_runner": 8},
                       "algo": {"train_batch_per_learner": args.batch, "minibatch_size": args.minibatch,
-                               "epochs": 1, "hidden": args.hidden},
+                               "epochs": 1},
+                      "model": {"hidden": args.hidden},
                       "resources": {"env_runners": 2, "learners": learners, "gpus_per_learner": 1.0}})
     algorithm = build_config(spec).build_algo()
     try:
