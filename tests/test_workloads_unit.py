@@ -28,9 +28,11 @@ def test_defaults_keep_the_old_mlp_and_atari_gets_the_84x84_cnn():
     assert plain["fcnet_hiddens"] == [64, 64] and plain["fcnet_activation"] == "tanh"
     assert plain["vf_share_layers"] is False and "conv_filters" not in plain
     atari = algo.build_config(S.from_dict({"env": {"id": "ALE/Pong-v5"}})).model_config
-    from ray.rllib.models.utils import get_filter_config
+    assert atari["conv_filters"] == models.ATARI_CONV_FILTERS
+    from ray.rllib.core.models.configs import CNNEncoderConfig
 
-    assert atari["conv_filters"] == get_filter_config([84, 84, 4]) == models.ATARI_CONV_FILTERS
+    cnn = CNNEncoderConfig(input_dims=[84, 84, 4], cnn_filter_specifiers=atari["conv_filters"])
+    assert list(cnn.output_dims) == [256]  # ends in 1x1x256: "valid" on the last layer (same: 11x11x256)
 
 
 @pytest.mark.parametrize("env_id,ale", [("ALE/Pong-v5", True), ("PongNoFrameskip-v4", True),
