@@ -97,3 +97,22 @@ def test_returns_are_in_every_result_nan_then_last_known():
 def test_an_old_spec_with_algo_hidden_is_told_where_it_went():
     with pytest.raises(S.SpecError, match=r"algo.hidden: unknown key; it moved to model.hidden"):
         S.from_dict({"algo": {"hidden": [64, 64]}})
+
+
+@pytest.mark.parametrize("judge,name,measured,verdict", [
+    ("evaluation", "evaluation return (final)", "300.0", "fail"),
+    ("training", "episode return (final)", "450.0", "pass")])
+def test_report_reward_part_judges_the_return_the_spec_names(tmp_path, judge, name, measured, verdict):
+    import pandas as pd
+
+    from rayrl.judge import evaluation, report, runfolder
+    from test_report import SPEC, history_rows, write_run
+
+    rows = history_rows("train0", "train", 4096, 3e-4, 20, 1400.0, 450.0)
+    for row in rows:  # training return climbs to 450; evaluation (every 2nd iteration) stays at 300
+        row["eval_return_mean"] = 300.0 if row["training_iteration"] >= 2 else math.nan
+    spec = {**SPEC, "evaluation": {"interval": 2, "judge": judge}}
+    run = runfolder.load(write_run(tmp_path / judge, "train", history=pd.DataFrame(rows), spec=spec))
+    checks = {c.name: c for c in evaluation.evaluate(run)}
+    assert checks[name].measured == measured and checks[name].verdict.lower() == verdict
+    assert f"| return judged by | {judge} (history.csv " in report.render(run, list(checks.values()), [])
