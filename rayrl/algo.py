@@ -12,6 +12,7 @@ from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
+
 from rayrl import keys, metrics, models
 from rayrl.envs import registry
 from rayrl.spec import Spec
@@ -155,7 +156,6 @@ class RayrlCallback(RLlibCallback):
             **self._known_returns(result),
         }
         self._observer.observe(result)  # hardware sample into result["rayrl"]; Ray gauges
-
 
     def _known_returns(self, result: dict) -> dict:
         """Training and evaluation returns, carried over iterations that finished no episode (NaN before
