@@ -12,6 +12,7 @@ from typing import Any
 
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 from ray.rllib.callbacks.callbacks import RLlibCallback
+
 from rayrl import keys, metrics, models
 from rayrl.envs import registry
 from rayrl.faults.watchdog import Watchdog
@@ -157,7 +158,6 @@ class RayrlCallback(RLlibCallback):
         }
         self._observer.observe(result)  # hardware sample into result["rayrl"]; Ray gauges
         result["rayrl"]["hung_runner_restarts"] = self._watchdog.check(algorithm)
-
 
     def _known_returns(self, result: dict) -> dict:
         """Training and evaluation returns, carried over iterations that finished no episode (NaN before

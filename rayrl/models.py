@@ -11,9 +11,10 @@ from typing import Any
 
 from rayrl.spec import ModelSpec
 
-#: RLlib's own default for 84x84 frames (ray.rllib.models.utils.get_filter_config), written out so
-#: the spec table and a run's spec.yaml say what ran.
-ATARI_CONV_FILTERS = [[16, [8, 8], 4], [32, [4, 4], 2], [256, [11, 11], 1]]
+#: The classic Atari CNN for 84x84 frames: RLlib's get_filter_config layers, with "valid" padding on
+#: the last so it ends in 1x1x256 as the DQN-era net did (RLlib's new-stack CNN pads "same" unless told,
+#: which would leave 11x11x256 = 31k features and ~20x the compute).
+ATARI_CONV_FILTERS = [[16, [8, 8], 4], [32, [4, 4], 2], [256, [11, 11], 1, "valid"]]
 
 
 def model_config(model: ModelSpec, *, atari: bool = False) -> dict[str, Any]:
@@ -30,7 +31,7 @@ def model_config(model: ModelSpec, *, atari: bool = False) -> dict[str, Any]:
         "free_log_std": model.free_log_std,
     }
     if filters is not None:
-        out["conv_filters"] = [[int(c), [int(k) for k in kernel], int(s)] for c, kernel, s in filters]
+        out["conv_filters"] = [[int(c), [int(k) for k in kernel], int(s), *pad] for c, kernel, s, *pad in filters]
     return out
 
 

@@ -78,8 +78,9 @@ class ModelSpec:
                        item=int)
     activation: str = doc("tanh", "MLP activation", choices=ACTIVATIONS)
     conv_filters: list | None = doc(None, "CNN for image observations: [[out_channels, [kernel_h, kernel_w], "
-                                    "stride], ...]; null: RLlib's default for the image size (84x84 Atari "
-                                    "frames: [[16, [8, 8], 4], [32, [4, 4], 2], [256, [11, 11], 1]])")
+                                    "stride, padding (optional: same or valid; default same)], ...]; null: "
+                                    "RLlib's default for the image size; ALE ids: [[16, [8, 8], 4], [32, [4, 4], "
+                                    "2], [256, [11, 11], 1, valid]]")
     conv_activation: str = doc("relu", "CNN activation", choices=ACTIVATIONS)
     lstm: bool = doc(False, "put an LSTM after the encoder (memory for partially observed envs)")
     lstm_cell_size: int = doc(256, "LSTM cell size", min=1)
@@ -499,17 +500,19 @@ def check_backend(env: EnvSpec) -> None:
 
 
 def check_conv_filters(filters: list | None) -> None:
-    """Each CNN layer is [out_channels, [kernel_h, kernel_w], stride] of positive integers."""
+    """Each CNN layer is [out_channels, [kernel_h, kernel_w], stride(, padding)]: positive integers, same|valid."""
     if filters is None:
         return
     for i, layer in enumerate(filters):
-        ok = (isinstance(layer, (list, tuple)) and len(layer) == 3 and isinstance(layer[1], (list, tuple))
+        ok = (isinstance(layer, (list, tuple)) and len(layer) in (3, 4) and isinstance(layer[1], (list, tuple))
               and len(layer[1]) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                             for v in (layer[0], *layer[1], layer[2])))
+                                             for v in (layer[0], *layer[1], layer[2]))
+              and (len(layer) == 3 or layer[3] in ("same", "valid")))
         if not ok:
             raise SpecError(f"model.conv_filters[{i}]: {layer!r} is not a layer; each layer is [out_channels, "
-                            "[kernel_h, kernel_w], stride] of positive integers, e.g. [16, [8, 8], 4]; null "
-                            "takes RLlib's default for the image size.")
+                            "[kernel_h, kernel_w], stride] of positive integers with an optional padding, same "
+                            "or valid, e.g. [16, [8, 8], 4] or [256, [11, 11], 1, valid]; null takes the default "
+                            "for the image size.")
 
 
 def check_env(env_id: str) -> None:

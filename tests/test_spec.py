@@ -92,6 +92,7 @@ BAD = [
     ({"model": {"activation": "sigmoid"}}, "model.activation", "tanh, relu, silu, elu, linear"),
     ({"model": {"conv_filters": [[16, [8, 8], 4], [32, 4, 2]]}}, "model.conv_filters[1]", "[out_channels, "),
     ({"model": {"conv_filters": [[0, [8, 8], 4]]}}, "model.conv_filters[0]", "positive integers"),
+    ({"model": {"conv_filters": [[8, [8, 8], 4, "full"]]}}, "model.conv_filters[0]", "same or valid"),
     ({"model": {"lstm": "yes"}}, "model.lstm", "not true or false"),
     ({"model": {"lstm_cell_size": 0}}, "model.lstm_cell_size", ">= 1"),
     ({"model": {"normalise_obs": True}}, "model.normalise_obs", "did you mean 'normalize_obs'"),

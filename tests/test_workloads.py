@@ -122,6 +122,7 @@ def test_mujoco_hopper_learns_above_the_untrained_policy(ray_local):
         trained = evaluation_return(algorithm)
     finally:
         algorithm.stop()
+    print(f"hopper: untrained {baseline:.1f}, after {BUDGET} env steps {trained:.1f}")
     assert math.isfinite(baseline) and math.isfinite(trained)
     assert trained >= baseline + MARGIN, f"untrained {baseline:.1f}, after {BUDGET} env steps {trained:.1f}"
 

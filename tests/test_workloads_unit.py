@@ -28,9 +28,11 @@ def test_defaults_keep_the_old_mlp_and_atari_gets_the_84x84_cnn():
     assert plain["fcnet_hiddens"] == [64, 64] and plain["fcnet_activation"] == "tanh"
     assert plain["vf_share_layers"] is False and "conv_filters" not in plain
     atari = algo.build_config(S.from_dict({"env": {"id": "ALE/Pong-v5"}})).model_config
-    from ray.rllib.models.utils import get_filter_config
+    assert atari["conv_filters"] == models.ATARI_CONV_FILTERS
+    from ray.rllib.core.models.configs import CNNEncoderConfig
 
-    assert atari["conv_filters"] == get_filter_config([84, 84, 4]) == models.ATARI_CONV_FILTERS
+    cnn = CNNEncoderConfig(input_dims=[84, 84, 4], cnn_filter_specifiers=atari["conv_filters"])
+    assert list(cnn.output_dims) == [256]  # ends in 1x1x256: "valid" on the last layer (same: 11x11x256)
 
 
 @pytest.mark.parametrize("env_id,ale", [("ALE/Pong-v5", True), ("PongNoFrameskip-v4", True),
@@ -95,3 +97,22 @@ def test_returns_are_in_every_result_nan_then_last_known():
 def test_an_old_spec_with_algo_hidden_is_told_where_it_went():
     with pytest.raises(S.SpecError, match=r"algo.hidden: unknown key; it moved to model.hidden"):
         S.from_dict({"algo": {"hidden": [64, 64]}})
+
+
+@pytest.mark.parametrize("judge,name,measured,verdict", [
+    ("evaluation", "evaluation return (final)", "300.0", "fail"),
+    ("training", "episode return (final)", "450.0", "pass")])
+def test_report_reward_part_judges_the_return_the_spec_names(tmp_path, judge, name, measured, verdict):
+    import pandas as pd
+
+    from rayrl.judge import evaluation, report, runfolder
+    from test_report import SPEC, history_rows, write_run
+
+    rows = history_rows("train0", "train", 4096, 3e-4, 20, 1400.0, 450.0)
+    for row in rows:  # training return climbs to 450; evaluation (every 2nd iteration) stays at 300
+        row["eval_return_mean"] = 300.0 if row["training_iteration"] >= 2 else math.nan
+    spec = {**SPEC, "evaluation": {"interval": 2, "judge": judge}}
+    run = runfolder.load(write_run(tmp_path / judge, "train", history=pd.DataFrame(rows), spec=spec))
+    checks = {c.name: c for c in evaluation.evaluate(run)}
+    assert checks[name].measured == measured and checks[name].verdict.lower() == verdict
+    assert f"| return judged by | {judge} (history.csv " in report.render(run, list(checks.values()), [])
