@@ -15,7 +15,7 @@ from typing import Any
 
 from rayrl import keys, runtime, spec as spec_mod
 from rayrl.spec import Spec
-from rayrl.storage.files import StorageError
+from rayrl.storage.files import explain
 
 
 def stop_criteria(spec: Spec) -> dict[str, float]:
@@ -39,6 +39,7 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
 
     from rayrl.algo import algorithm_class, build_config
     from rayrl.progress import HistoryWriter, ProgressPrinter
+    from rayrl.storage.guard import DiskGuard
 
     trainable = algorithm_class(spec.algo.name)
     exp_path, fs = paths.experiment(subdir)
@@ -60,7 +61,8 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
         ),
         failure_config=tune.FailureConfig(max_failures=spec.checkpoint.max_failures if checkpoints else 0),
         callbacks=[ProgressPrinter(verbose_label, show_config=phase != "train"),
-                   HistoryWriter(paths.run_dir / "history.csv", phase, store=paths.store), *(extra_callbacks or [])],
+                   HistoryWriter(paths.run_dir / "history.csv", phase, store=paths.store), DiskGuard(paths.run_dir),
+                   *(extra_callbacks or [])],
         verbose=0,
     )
     tune_config = tune_config or tune.TuneConfig()
@@ -141,8 +143,11 @@ def main(args: argparse.Namespace) -> int:
         with runtime.claim(paths):
             runtime.init_ray(args.address, args.num_cpus)
             summary = run(spec, paths)
-    except StorageError as exc:  # a full disk or a failed upload: one paragraph, files intact, resumable
-        print(f"rayrl train: error: {exc.strerror}", file=sys.stderr)
+    except Exception as exc:  # a full disk or a failed upload: one paragraph, files intact, resumable
+        err = explain(exc, paths.run_dir)
+        if err is None or isinstance(exc, spec_mod.SpecError):
+            raise
+        print(f"rayrl train: error: {err.strerror}", file=sys.stderr)
         return 1
     ret = summary["episode_return_mean"]
     print(f"rayrl train: {summary['status']} after {summary['iterations']} iterations, "
