@@ -74,8 +74,8 @@ class HistoryWriter(Callback):
     (the whole file, one object) happens at most every ``upload_s`` seconds and at the end.
 
     A failed write (a full disk) must not surface as a traceback from inside Tune: the error is
-    printed once as one paragraph and raised from ``on_step_end`` of the next loop, where Tune
-    lets it end ``fit()``; the caller prints it again and exits 1, every file intact.
+    kept and raised from ``on_step_end`` of the next loop, where Tune lets it end ``fit()``
+    unchanged; `rayrl train` and the sweep print it as one paragraph and exit 1, every file intact.
     """
 
     def __init__(self, path: str | Path, phase: str, store: Any = None, upload_s: float = 10.0) -> None:
@@ -98,7 +98,6 @@ class HistoryWriter(Callback):
                 self._upload()
         except StorageError as exc:
             self.failed = exc
-            print(f"rayrl: error: {exc.strerror}", file=sys.stderr, flush=True)
 
     def _upload(self) -> None:
         self.store.upload(self.path.name)

@@ -20,7 +20,7 @@ from typing import Any
 
 from rayrl import confirm, keys, runtime, spec as spec_mod, throughput
 from rayrl.spec import Spec, SpecError, scaled_lr
-from rayrl.storage.files import StorageError
+from rayrl.storage.files import explain
 
 log = logging.getLogger("rayrl.sweep")
 
@@ -401,9 +401,6 @@ def main(argv: list[str] | None = None) -> int:
             runtime.init_ray(None, args.num_cpus)
             runtime.record_posture(paths)
             summary = run(spec, paths)
-    except StorageError as exc:  # a full disk or a failed upload: say so, files intact, resumable
-        sys.stderr.write(textwrap.fill(f"sweep: error: {exc.strerror}", width=100) + "\n")
-        return 1
     except SweepError as exc:
         sys.stderr.write(textwrap.fill(f"sweep: error: {exc}", width=100) + "\n")
         return 1
@@ -413,6 +410,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("\nsweep: interrupted; run the same command again to resume.\n")
         return 130
+    except Exception as exc:  # a full disk or a failed upload: one paragraph, files intact, resumable
+        err = explain(exc, paths.run_dir)
+        if err is None:
+            raise
+        sys.stderr.write(f"sweep: error: {err.strerror}\n")
+        return 1
     best = summary["best"]
     if best is None:
         what = "evaluation" if spec.judged_by == "evaluation" else "episode"

@@ -17,7 +17,7 @@ from typing import Any
 
 from rayrl import keys, runtime, spec as spec_mod
 from rayrl.spec import Spec
-from rayrl.storage.files import StorageError
+from rayrl.storage.files import explain
 from rayrl.track.naming import run_name
 
 
@@ -45,6 +45,7 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
     from rayrl.progress import HistoryWriter, ProgressPrinter
     from rayrl.storage.trainable import settings_for, tiered_trainable
     from rayrl.track.callbacks import logger_callbacks
+    from rayrl.storage.guard import DiskGuard
 
     trackers = logger_callbacks(spec, phase, paths.name)  # before a restore too: it sets Tune's loggers
     trainable = algorithm_class(spec.algo.name)
@@ -70,8 +71,8 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
         # Tune retries forever; FailureBudget ends the run at max_failures within failure_window_s.
         failure_config=tune.FailureConfig(max_failures=-1 if checkpoints else 0),
         callbacks=[ProgressPrinter(verbose_label, show_config=phase != "train"),
-                   HistoryWriter(paths.run_dir / "history.csv", phase, store=paths.store), *trackers,
-                   *(extra_callbacks or []),
+                   HistoryWriter(paths.run_dir / "history.csv", phase, store=paths.store), DiskGuard(paths.run_dir),
+                   *trackers, *(extra_callbacks or []),
                    *([FailureBudget(spec.checkpoint.max_failures, spec.checkpoint.failure_window_s),
                       DriverPreemption()] if checkpoints else [])],
         verbose=0,
@@ -191,8 +192,11 @@ def main(args: argparse.Namespace) -> int:
             runtime.init_ray(args.address, args.num_cpus)
             runtime.record_posture(paths)
             summary = run(spec, paths)
-    except StorageError as exc:  # a full disk or a failed upload: one paragraph, files intact, resumable
-        print(f"rayrl train: error: {exc.strerror}", file=sys.stderr)
+    except Exception as exc:  # a full disk or a failed upload: one paragraph, files intact, resumable
+        err = explain(exc, paths.run_dir)
+        if err is None or isinstance(exc, spec_mod.SpecError):
+            raise
+        print(f"rayrl train: error: {err.strerror}", file=sys.stderr)
         return 1
     from rayrl.faults import preemption
 

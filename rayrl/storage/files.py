@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
+MIN_FREE_MB = float(os.environ.get("RAYRL_MIN_FREE_MB", "32"))  # below this a run stops (rayrl.storage.guard)
 
 
 class StorageError(OSError):
@@ -27,16 +29,17 @@ def _is_local(fs: Any) -> bool:
     return isinstance(fs, pafs.LocalFileSystem)
 
 
-def failure(path: str, exc: BaseException) -> StorageError:
+def failure(path: str, exc: BaseException, doing: str = "write") -> StorageError:
     """The user-facing error for a failed write of ``path``."""
     code = getattr(exc, "errno", None)
     if code in FULL:
-        what = "the disk (or quota) is full"
+        detail = getattr(exc, "strerror", None)
+        what = "the disk (or quota) is full" + (f" ({detail})" if detail else "")
         fix = "free space (or raise the quota)"
     else:
         what = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).strip().splitlines()[0][:300]
         fix = "fix the storage (permissions, credentials, network)"
-    err = StorageError(code or errno.EIO, f"could not write {path}: {what}. Every file already in the run folder is "
+    err = StorageError(code or errno.EIO, f"could not {doing} {path}: {what}. Every file already in the run folder is "
                        f"intact and readable (rayrl writes a temporary file and renames it). {fix.capitalize()}, then "
                        "run the same command again: the run resumes from its last checkpoint.")
     err.filename = path
@@ -122,6 +125,40 @@ def append_line(path: str | Path, line: str, header: str | None = None) -> None:
         raise failure(path, exc) from None
     finally:
         os.close(fd)
+
+
+def free_mb(folder: str | Path) -> float | None:
+    """Free megabytes on the disk holding ``folder`` (None when it cannot be told)."""
+    try:
+        return shutil.disk_usage(folder).free / 2**20
+    except OSError:
+        return None
+
+
+def low_space(folder: str | Path, min_free_mb: float = MIN_FREE_MB) -> StorageError | None:
+    """The error to stop with when the disk holding ``folder`` has less than ``min_free_mb`` free."""
+    free = free_mb(folder)
+    if free is None or free >= min_free_mb:
+        return None
+    return failure(str(folder), OSError(errno.ENOSPC, f"{free:.1f} MB free, below {min_free_mb:g} MB"),
+                   doing="keep writing to")
+
+
+def explain(exc: BaseException, folder: str | Path) -> StorageError | None:
+    """A StorageError for ``exc`` when it came from a full disk (anywhere in its chain, or the run
+    folder's disk is now nearly full); None for any other failure, which the caller re-raises.
+
+    Tune's own code fails on a full disk in ways rayrl cannot catch at the write (an EOFError
+    reading a trial's error file); this turns those into the same one paragraph.
+    """
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, StorageError):
+            return seen
+        if getattr(seen, "errno", None) in FULL:
+            return failure(getattr(seen, "filename", None) or str(folder), seen)
+        seen = seen.__cause__ or seen.__context__
+    return low_space(folder)
 
 
 def read_bytes(fs: Any, path: str) -> bytes:
