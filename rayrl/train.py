@@ -41,7 +41,11 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
     from rayrl.storage.trainable import settings_for, tiered_trainable
 
     trainable = algorithm_class(spec.algo.name)
-    if checkpoints:  # tiered, verified checkpoints and SIGTERM handling (rayrl.storage.trainable)
+    # The long run (and the drills' copies of it): tiered, verified checkpoints, SIGTERM handling and
+    # a failure budget by rate. Sweep trials keep Tune's own checkpoints and lifetime retry count, so
+    # one broken phase-2 trial errors alone instead of ending the sweep.
+    production = checkpoints and phase == "train"
+    if production:
         trainable = tiered_trainable(trainable, settings_for(spec))
     exp_path = _join(paths.storage, paths.name, subdir)
     if tune.Tuner.can_restore(exp_path):
@@ -59,12 +63,14 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
             checkpoint_frequency=spec.checkpoint.every if checkpoints else 0,
             checkpoint_at_end=checkpoints,
         ),
-        # Tune retries forever; FailureBudget ends the run at max_failures within failure_window_s.
-        failure_config=tune.FailureConfig(max_failures=-1 if checkpoints else 0),
+        # `rayrl train`: Tune retries forever and FailureBudget ends the run at max_failures within
+        # failure_window_s; sweep trials: max_failures over the trial's life.
+        failure_config=tune.FailureConfig(max_failures=-1 if production else spec.checkpoint.max_failures
+                                          if checkpoints else 0),
         callbacks=[ProgressPrinter(verbose_label, show_config=phase != "train"),
                    HistoryWriter(paths.run_dir / "history.csv", phase), *(extra_callbacks or []),
                    *([FailureBudget(spec.checkpoint.max_failures, spec.checkpoint.failure_window_s),
-                      DriverPreemption()] if checkpoints else [])],
+                      DriverPreemption()] if production else [])],
         verbose=0,
     )
     tune_config = tune_config or tune.TuneConfig()
