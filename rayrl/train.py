@@ -170,6 +170,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"rayrl train: {summary['status']} after {summary['iterations']} iterations, "
           f"{summary['env_steps'] or 0:,.0f} env steps, return {ret if ret is not None else float('nan'):.1f}; "
           f"run folder {paths.run_dir}")
+    for fb in summary["checkpoint_fallbacks"]:
+        print(f"rayrl train: {fb['trial']}: checkpoint {fb['registered']} was not intact "
+              f"({fb['rejected'][0]['why'] if fb['rejected'] else '?'}); resumed from {fb['restored']} instead "
+              f"(recorded in the trial folder)")
     if summary["status"] == "preempted":
         print(f"rayrl train: stopped by SIGTERM {summary['preempted']['stop_s']:.1f}s after the signal, "
               + ("with a checkpoint of the last iteration" if summary["preempted"]["checkpointed"]
