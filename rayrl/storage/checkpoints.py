@@ -6,8 +6,8 @@ folder, then ``StorageContext.persist_current_checkpoint`` copies it to
 slow bucket stalls training for the whole upload. rayrl's trainable keeps Tune's layout, index
 and registration (the same ``StorageContext``) but writes the checkpoint into a local folder
 (tier 1), adds a manifest (``rayrl.storage.manifest``, written last) and hands the upload to a
-background thread (`rayrl.storage.upload`) that copies the files and then the manifest. Restore verifies: it prefers an
-intact local copy, else downloads and checks the storage copy, and when the registered (newest)
+background thread (``rayrl.storage.upload``: the files, then the manifest). This module is the
+restore side. Restore verifies: it prefers an intact local copy, else downloads and checks the storage copy, and when the registered (newest)
 checkpoint is corrupt or incomplete it takes the newest good one instead, logs it and records it
 as ``rayrl_restore_fallback-*.json`` in the trial folder.
 """
