@@ -158,7 +158,8 @@ class RayrlCallback(RLlibCallback):
         self._last_steps, self._last_time = steps, now
         settings = cfg.learner_config_dict or {}
         learner_stats = _learner_stats(result)
-        result["rayrl"] = {
+        # update, not replace: the trainable (rayrl.storage.trainable) adds its checkpoint figures too
+        result.setdefault("rayrl", {}).update({
             "env_steps_per_s": this_iter / elapsed if elapsed > 0 else 0.0,
             "env_steps_this_iter": this_iter,
             "backend": self._backend,
@@ -169,7 +170,7 @@ class RayrlCallback(RLlibCallback):
             "effective_lr": cfg.lr,
             "precision": settings.get("precision", "fp32"),
             **learner_stats,
-        }
+        })
         self._observer.observe(result)  # hardware sample into result["rayrl"]; Ray gauges
         result["rayrl"]["hung_runner_restarts"] = self._watchdog.check(algorithm)
 
