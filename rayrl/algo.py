@@ -143,7 +143,8 @@ class RayrlCallback(RLlibCallback):
         self._last_steps, self._last_time = steps, now
         settings = cfg.learner_config_dict or {}
         learner_stats = _learner_stats(result)
-        result["rayrl"] = {
+        # update, not replace: the trainable (rayrl.storage.trainable) adds its checkpoint figures too
+        result.setdefault("rayrl", {}).update({
             "env_steps_per_s": this_iter / elapsed if elapsed > 0 else 0.0,
             "env_steps_this_iter": this_iter,
             "backend": self._backend,
@@ -155,7 +156,7 @@ class RayrlCallback(RLlibCallback):
             "precision": settings.get("precision", "fp32"),
             **learner_stats,
             **self._known_returns(result),
-        }
+        })
         self._observer.observe(result)  # hardware sample into result["rayrl"]; Ray gauges
         result["rayrl"]["hung_runner_restarts"] = self._watchdog.check(algorithm)
 

@@ -141,7 +141,7 @@ class CheckpointSpec:
     keep: int = doc(3, "checkpoints kept (the newest)", min=1)
     max_failures: int = doc(10, "trial failures (preemptions, crashes) allowed within failure_window_s; each "
                             "retries from the newest intact checkpoint; one more ends the run, resumably; "
-                            "-1 retries forever", min=-1)
+                            "-1 retries forever (sweep trials: retries over a trial's life)", min=-1)
     failure_window_s: float = doc(3600.0, "the sliding window max_failures counts in, seconds (a budget by rate, "
                                   "not over the run's life: a spot run survives a preemption an hour for days, "
                                   "a crash loop ends in minutes)", gt=0.0)

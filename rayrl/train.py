@@ -49,7 +49,11 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
 
     trackers = logger_callbacks(spec, phase, paths.name)  # before a restore too: it sets Tune's loggers
     trainable = algorithm_class(spec.algo.name)
-    if checkpoints:  # tiered, verified checkpoints and SIGTERM handling (rayrl.storage.trainable)
+    # The long run (and the drills' copies of it): tiered, verified checkpoints, SIGTERM handling and
+    # a failure budget by rate. Sweep trials keep Tune's own checkpoints and lifetime retry count, so
+    # one broken phase-2 trial errors alone instead of ending the sweep.
+    production = checkpoints and phase == "train"
+    if production:
         trainable = tiered_trainable(trainable, settings_for(spec))
     exp_path, fs = paths.experiment(subdir)
     if tune.Tuner.can_restore(exp_path, storage_filesystem=fs):
@@ -68,13 +72,15 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
             checkpoint_frequency=spec.checkpoint.every if checkpoints else 0,
             checkpoint_at_end=checkpoints,
         ),
-        # Tune retries forever; FailureBudget ends the run at max_failures within failure_window_s.
-        failure_config=tune.FailureConfig(max_failures=-1 if checkpoints else 0),
+        # `rayrl train`: Tune retries forever and FailureBudget ends the run at max_failures within
+        # failure_window_s; sweep trials: max_failures over the trial's life.
+        failure_config=tune.FailureConfig(max_failures=-1 if production else spec.checkpoint.max_failures
+                                          if checkpoints else 0),
         callbacks=[ProgressPrinter(verbose_label, show_config=phase != "train"),
                    HistoryWriter(paths.run_dir / "history.csv", phase, store=paths.store), DiskGuard(paths.run_dir),
                    *trackers, *(extra_callbacks or []),
                    *([FailureBudget(spec.checkpoint.max_failures, spec.checkpoint.failure_window_s),
-                      DriverPreemption()] if checkpoints else [])],
+                      DriverPreemption()] if production else [])],
         verbose=0,
     )
     tune_config = tune_config or tune.TuneConfig()
@@ -204,6 +210,10 @@ def main(args: argparse.Namespace) -> int:
     print(f"rayrl train: {summary['status']} after {summary['iterations']} iterations, "
           f"{summary['env_steps'] or 0:,.0f} env steps, return {ret if ret is not None else float('nan'):.1f}; "
           f"run folder {paths.run_dir}")
+    for fb in summary["checkpoint_fallbacks"]:
+        print(f"rayrl train: {fb['trial']}: checkpoint {fb['registered']} was not intact "
+              f"({fb['rejected'][0]['why'] if fb['rejected'] else '?'}); resumed from {fb['restored']} instead "
+              f"(recorded in the trial folder)")
     if summary["status"] == "preempted":
         print(f"rayrl train: stopped by SIGTERM {summary['preempted']['stop_s']:.1f}s after the signal, "
               + ("with a checkpoint of the last iteration" if summary["preempted"]["checkpointed"]

@@ -14,7 +14,7 @@ import pytest
 
 from rayrl.faults.preemption import over_budget
 from rayrl.faults.watchdog import silent_too_long
-from rayrl.storage import checkpoints as ck, manifest
+from rayrl.storage import checkpoints as ck, manifest, upload
 
 
 def make_checkpoint(folder: Path, iteration: int, size: int = 3000) -> Path:
@@ -62,7 +62,7 @@ def _storage_round_trip(fs: pafs.FileSystem, trial: str, tmp_path: Path) -> None
     """Upload 3 checkpoints in the background, corrupt the newest in storage, wipe tier 1: restore
     takes the newest intact one from storage and records why the newer one was skipped."""
     settings = _settings(tmp_path)
-    uploader = ck.Uploader()
+    uploader = upload.Uploader()
     for i in (1, 2, 3):
         uploader.submit(_save(settings, trial, i), fs, f"{trial}/checkpoint_{i:06d}")
     assert uploader.drain(60) and uploader.stats.uploaded == 3 and uploader.pending == 0
@@ -146,7 +146,7 @@ def test_a_failing_storage_delays_uploads_not_the_caller(tmp_path):
     blocker = tmp_path / "storage"
     blocker.write_text("not a folder")
     trial = str(blocker / "PPO_1")
-    uploader = ck.Uploader(max_backoff_s=0.5)
+    uploader = upload.Uploader(max_backoff_s=0.5)
     start = time.perf_counter()
     uploader.submit(_save(settings, trial, 1), pafs.LocalFileSystem(), f"{trial}/checkpoint_000001")
     assert time.perf_counter() - start < 0.1
@@ -161,7 +161,7 @@ def test_prune_keeps_the_newest_and_anything_not_yet_uploaded(tmp_path):
     root = tmp_path / "tier1"
     for i in range(1, 6):
         (root / f"checkpoint_{i:06d}").mkdir(parents=True)
-    ck.prune_local(root, keep=2, protect={str(root / "checkpoint_000001")})
+    upload.prune_local(root, keep=2, protect={str(root / "checkpoint_000001")})
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint_000001", "checkpoint_000004", "checkpoint_000005"]
 
 

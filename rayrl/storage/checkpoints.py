@@ -6,8 +6,8 @@ folder, then ``StorageContext.persist_current_checkpoint`` copies it to
 slow bucket stalls training for the whole upload. rayrl's trainable keeps Tune's layout, index
 and registration (the same ``StorageContext``) but writes the checkpoint into a local folder
 (tier 1), adds a manifest (``rayrl.storage.manifest``, written last) and hands the upload to a
-background thread that copies the files and then the manifest. Restore verifies: it prefers an
-intact local copy, else downloads and checks the storage copy, and when the registered (newest)
+background thread (``rayrl.storage.upload``: the files, then the manifest). This module is the
+restore side. Restore verifies: it prefers an intact local copy, else downloads and checks the storage copy, and when the registered (newest)
 checkpoint is corrupt or incomplete it takes the newest good one instead, logs it and records it
 as ``rayrl_restore_fallback-*.json`` in the trial folder.
 """
@@ -18,11 +18,9 @@ import hashlib
 import json
 import logging
 import posixpath
-import queue
 import shutil
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,28 +43,7 @@ class TierSettings:
 
 
 # ---------------------------------------------------------------------------------------------
-# Copying one checkpoint folder between tiers (pyarrow filesystems: local, s3://, gs://, ...)
-
-
-def _put(src: Path, fs: Any, dst: str) -> None:
-    fs.create_dir(posixpath.dirname(dst), recursive=True)
-    with open(src, "rb") as f, fs.open_output_stream(dst) as out:
-        shutil.copyfileobj(f, out, 1 << 20)
-
-
-def upload(local: Path, fs: Any, dest: str) -> None:
-    """Copy a manifested checkpoint folder to ``dest`` on ``fs``: every file, then the manifest last."""
-    import pyarrow.fs as pafs
-
-    man = manifest.read(local)
-    if man is None:
-        raise FileNotFoundError(f"{local}: no manifest; only complete checkpoints are uploaded")
-    fs.create_dir(dest, recursive=True)
-    if fs.get_file_info(f"{dest}/{manifest.NAME}").type != pafs.FileType.NotFound:
-        fs.delete_file(f"{dest}/{manifest.NAME}")  # a re-save of this index: incomplete until the end
-    for rel in man["files"]:
-        _put(local / rel, fs, f"{dest}/{rel}")
-    _put(local / manifest.NAME, fs, f"{dest}/{manifest.NAME}")
+# Storage copies
 
 
 def remote_manifest(fs: Any, path: str) -> dict | None:
@@ -92,112 +69,6 @@ def local_root(settings: TierSettings, trial_fs_path: str) -> Path:
     """Tier 1 folder of one trial: readable name plus a hash of its storage path (unique per run)."""
     digest = hashlib.sha1(trial_fs_path.encode()).hexdigest()[:10]
     return Path(settings.local_dir).expanduser() / f"{posixpath.basename(trial_fs_path)}-{digest}"
-
-
-# ---------------------------------------------------------------------------------------------
-# The background uploader
-
-
-@dataclass
-class UploadStats:
-    uploaded: int = 0
-    failed_attempts: int = 0
-    last_upload_s: float = 0.0
-    last_error: str = ""
-    uploaded_paths: list = field(default_factory=list)
-
-
-class Uploader:
-    """One daemon thread uploading checkpoint folders in order, retrying each until it lands.
-
-    Storage that fails or hangs delays uploads, never training; retries back off up to ``max_backoff_s``.
-    """
-
-    def __init__(self, max_backoff_s: float = 30.0) -> None:
-        self.max_backoff_s = max_backoff_s
-        self.stats = UploadStats()
-        self._queue: queue.Queue = queue.Queue()
-        self._pending = 0
-        self.waiting: set[str] = set()  #: tier-1 folders not yet in storage (never pruned)
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        threading.Thread(target=self._run, name="rayrl-checkpoint-upload", daemon=True).start()
-
-    @property
-    def pending(self) -> int:
-        with self._lock:
-            return self._pending
-
-    def waiting_paths(self) -> set[str]:
-        with self._lock:
-            return set(self.waiting)
-
-    def submit(self, local: Path, fs: Any, dest: str) -> None:
-        with self._lock:
-            self._pending += 1
-            self.waiting.add(str(local))
-        self._queue.put((local, fs, dest))
-
-    def drain(self, timeout_s: float) -> bool:
-        """Wait until every submitted upload landed (True) or ``timeout_s`` passed (False)."""
-        deadline = time.monotonic() + timeout_s
-        with self._idle:
-            while self._pending:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._idle.wait(left)
-        return True
-
-    def upload_now(self, local: Path, fs: Any, dest: str, attempts: int = 3) -> None:
-        """Upload in this thread (synchronous mode, preemption); raises after ``attempts`` failures."""
-        for attempt in range(attempts):
-            try:
-                self._once(local, fs, dest)
-                return
-            except OSError:
-                if attempt == attempts - 1:
-                    raise
-                time.sleep(min(self.max_backoff_s, 2 ** attempt))
-
-    def _once(self, local: Path, fs: Any, dest: str) -> None:
-        start = time.perf_counter()
-        try:
-            upload(local, fs, dest)
-        except OSError as exc:
-            self.stats.failed_attempts += 1
-            self.stats.last_error = f"{type(exc).__name__}: {exc}"[:300]
-            raise
-        self.stats.uploaded += 1
-        self.stats.last_upload_s = time.perf_counter() - start
-        self.stats.uploaded_paths = (self.stats.uploaded_paths + [str(local)])[-64:]
-
-    def _run(self) -> None:
-        while True:
-            local, fs, dest = self._queue.get()
-            backoff = 1.0
-            while True:
-                if not local.is_dir():  # pruned from tier 1 before it could land: nothing left to send
-                    break
-                try:
-                    self._once(local, fs, dest)
-                    break
-                except OSError as exc:
-                    log.warning("checkpoint upload to %s failed (%s); retrying in %.0fs", dest, exc, backoff)
-                    time.sleep(backoff)
-                    backoff = min(self.max_backoff_s, backoff * 2)
-            with self._idle:
-                self._pending -= 1
-                self.waiting.discard(str(local))
-                self._idle.notify_all()
-
-
-def prune_local(root: Path, keep: int, protect: set[str]) -> None:
-    """Keep the newest ``keep`` checkpoint folders of tier 1 (and any still waiting to upload)."""
-    folders = sorted(p for p in root.glob("checkpoint_*") if p.is_dir() and p.name[11:].isdigit())
-    for old in folders[:-keep] if keep > 0 else folders:
-        if str(old) not in protect:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from rayrl.faults.preemption import TrialPreemption
-from rayrl.storage import checkpoints as ck, manifest
+from rayrl.storage import checkpoints as ck, manifest, upload
 
 DRAIN_S = 600.0  #: how long a stopping trial waits for its last uploads
 
@@ -26,7 +26,7 @@ def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
         _rayrl_tier = settings
 
         def setup(self, config: Any) -> None:
-            self._rayrl_uploader = ck.Uploader()
+            self._rayrl_uploader = upload.Uploader()
             self._rayrl_stall_s = 0.0
             self._rayrl_events: dict = {}
             self._rayrl_preempt = TrialPreemption(self._rayrl_tier.preempt_grace_s)
@@ -71,7 +71,7 @@ def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
                 self._rayrl_uploader.upload_now(local, storage.storage_filesystem, dest)
             else:
                 self._rayrl_uploader.submit(local, storage.storage_filesystem, dest)
-            ck.prune_local(root, self._rayrl_tier.keep, protect={str(local), *self._rayrl_uploader.waiting_paths()})
+            upload.prune_local(root, self._rayrl_tier.keep, protect={str(local), *self._rayrl_uploader.waiting_paths()})
             self._rayrl_stall_s = time.perf_counter() - start
             self._rayrl_preempt.saved = preempted
             return _TrainingResult(checkpoint=Checkpoint(filesystem=storage.storage_filesystem, path=dest),
