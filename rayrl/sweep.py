@@ -31,7 +31,7 @@ class SweepError(RuntimeError):
 
 
 def smoke(spec: Spec) -> Spec:
-    """Tiny budgets: the whole sweep in about 3 minutes on 2 cores (tests, first contact)."""
+    """Tiny budgets: the whole sweep, confirmation included, in about 4 minutes on 2 cores (tests, a first try)."""
     return spec_mod.replace(
         spec,
         env={"envs_per_runner": 4},
@@ -372,11 +372,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="experiments/sweep.py", description=(
         "The rayrl sweep. Phase 1 measures env steps/s at batch 2048, 4096, ... (the doubling rule: stop when "
         "a doubling gains < 15%% or at the cap) to find the knee; phase 2 runs ASHA (or HyperBand) with Optuna "
-        "TPE over lr and the batch sizes up to the knee, by episode return. Results: STORAGE/NAME/ "
-        "(doubling.csv, trials.csv, best_config.yaml, summary.json). The same command again resumes."))
+        "TPE over lr and the batch sizes up to the knee (and below the start, down to search.min_batch), by "
+        "episode return; then the top search.confirm_top_k configs run again on fresh seeds and the lowest median "
+        "cost to the target (search.objective) wins. Results: STORAGE/NAME/ (doubling.csv, trials.csv, "
+        "confirm.csv, best_config.yaml, summary.json). The same command again resumes."))
     add_run_args(parser, default_config="experiments/configs/cartpole_ppo.yaml")
-    parser.add_argument("--smoke", action="store_true", help="tiny budgets: the whole sweep in about 3 minutes "
-                        "on 2 cores")
+    parser.add_argument("--smoke", action="store_true", help="tiny budgets: the whole sweep, confirmation "
+                        "included, in about 4 minutes on 2 cores")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray (default: all)")
     args = parser.parse_args(argv)
     try:
