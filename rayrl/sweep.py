@@ -42,8 +42,7 @@ def smoke(spec: Spec) -> Spec:
                              "warmup_iters": 1, "measure_iters": 2},
                 "num_samples": 4, "max_env_steps": 16000, "grace_env_steps": 4000, "reduction_factor": 2.0,
                 "max_concurrent": 0, "min_batch": 256, "confirm_top_k": min(spec.search.confirm_top_k, 2),
-                "confirm_seeds": 2,
-                "confirm_env_steps": 8000},
+                "confirm_seeds": 2, "confirm_env_steps": 4000},
     )
 
 
