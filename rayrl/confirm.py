@@ -124,7 +124,8 @@ def summarise(runs: Sequence[dict], objective: str, seed: int = 0) -> list[dict]
                     "seeds": [int(r["seed"]) for r in rows], "costs": costs, "median": median(costs),
                     "iqm": iqm(costs), "ci_low": low, "ci_high": high, "reached": sum(bool(r["reached"]) for r in rows),
                     "runs": len(rows), "median_return": median(returns) if returns else math.nan,
-                    "median_env_steps": median([float(r["env_steps"]) for r in rows if r.get("env_steps") is not None])})
+                    "median_env_steps": median([float(r["env_steps"]) for r in rows
+                                                if r.get("env_steps") is not None])})
     return out
 
 

@@ -110,9 +110,10 @@ def test_notebooks_are_committed_without_outputs_and_read_rayrl_run_dir(name):
 def test_sweep_notebook_on_a_smoke_sweep(smoke_runs, monkeypatch):
     nb = execute("sweep_analysis.ipynb", smoke_runs["sweep"], monkeypatch)
     assert errors(nb) == []
-    assert len(outputs(nb, "image/png")) >= 3  # doubling curve, ASHA curves, lr against return
+    assert len(outputs(nb, "image/png")) >= 4  # doubling curve, ASHA curves, lr against return, confirmation
     tables = " ".join(o["data"]["text/html"] for o in outputs(nb, "text/html"))
     assert "usd_per_m_samples" in tables and "episode_return_mean" in tables
+    assert "ci_high" in tables and "phase2_trial_id" in tables  # the confirmation: intervals, every seed's run
 
 
 @pytest.mark.slow
