@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                        lambda name, rnd: rollout_limit(spec, int(name.split("_")[1]), args.limit_seconds, seed=rnd))
         runners = sampling_runners(spec)
         batch = spec.algo.train_batch_per_learner
-        sampling = rounds(SAMPLING, args.rounds, lambda name, rnd: sample_sps(runners[name], batch, args.sample_seconds))
+        sampling = rounds(SAMPLING, args.rounds,
+                          lambda name, rnd: sample_sps(runners[name], batch, args.sample_seconds))
         for r in runners.values():
             r.stop()
         timers: dict[str, dict] = {}
