@@ -248,12 +248,13 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def write_json(path: Path | None, data: dict) -> None:
+def write_json(path: Path | None, data: dict, quiet: bool = False) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(jsonable(data), indent=2, allow_nan=False))
-    print(f"wrote {path}")
+    if not quiet:
+        print(f"wrote {path}")
 
 
 def say(*parts: Any) -> None:

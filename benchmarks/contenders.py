@@ -30,7 +30,8 @@ def rllib_same_settings(spec: Any, seed: int | None = None) -> Any:
     a, r = spec.algo, spec.resources
     return (PPOConfig().environment(spec.env.id, env_config=dict(spec.env.config))
             .env_runners(num_env_runners=r.env_runners, num_envs_per_env_runner=spec.env.envs_per_runner)
-            .training(lr=a.lr, gamma=a.gamma, lambda_=a.gae_lambda, train_batch_size_per_learner=a.train_batch_per_learner,
+            .training(lr=a.lr, gamma=a.gamma, lambda_=a.gae_lambda,
+                      train_batch_size_per_learner=a.train_batch_per_learner,
                       minibatch_size=a.minibatch_size, num_epochs=a.epochs, entropy_coeff=a.entropy_coeff,
                       vf_loss_coeff=a.vf_loss_coeff, grad_clip=a.grad_clip or None)
             .rl_module(model_config=model_config(spec.model))   # the same network rayrl builds

@@ -43,14 +43,16 @@ GOALS = {"fast_over_rllib_runner": 2.0, "fast_over_limit": 0.70, "rayrl_fast_ove
 
 
 def rollout_limit(spec: Any, num_envs: int, seconds: float, seed: int = 0, chunk_s: float = 0.5) -> list[float]:
-    """Env steps/s of the numpy-vectorised env stepped by the policy's forward pass, one core; one figure a chunk."""
+    """Env steps/s of the numpy-vectorised env stepped by the policy's forward pass and the same action
+    sampling as the runners (RLlib's distribution class), nothing else; one core; one figure a chunk."""
     import gymnasium as gym
     import torch
 
     env = gym.make_vec(spec.env.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **spec.env.config)
     module = K.rayrl(spec, "rllib").get_rl_module_spec(
         spaces={"default_policy": (env.single_observation_space, env.single_action_space)}).build()
-    module.eval()
+    module.eval()  # once: forward_exploration would switch modes twice a call
+    dist_cls = module.get_exploration_action_dist_cls()
     torch.manual_seed(seed)
     out: list[float] = []
     try:
@@ -60,8 +62,8 @@ def rollout_limit(spec: Any, num_envs: int, seconds: float, seed: int = 0, chunk
             steps, t0 = 0, time.perf_counter()
             while time.perf_counter() - t0 < chunk_s:
                 with torch.no_grad():
-                    logits = module.forward_exploration({"obs": torch.from_numpy(obs)})["action_dist_inputs"]
-                    actions = torch.distributions.Categorical(logits=logits).sample().numpy()
+                    logits = module._forward_exploration({"obs": torch.from_numpy(obs)})["action_dist_inputs"]
+                    actions = dist_cls.from_logits(logits).sample().numpy()
                 obs, _, _, _, _ = env.step(actions)
                 steps += num_envs
             out.append(steps / (time.perf_counter() - t0))
@@ -206,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                        lambda name, rnd: rollout_limit(spec, int(name.split("_")[1]), args.limit_seconds, seed=rnd))
         runners = sampling_runners(spec)
         batch = spec.algo.train_batch_per_learner
-        sampling = rounds(SAMPLING, args.rounds, lambda name, rnd: sample_sps(runners[name], batch, args.sample_seconds))
+        sampling = rounds(SAMPLING, args.rounds,
+                          lambda name, rnd: sample_sps(runners[name], batch, args.sample_seconds))
         for r in runners.values():
             r.stop()
         timers: dict[str, dict] = {}

@@ -192,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs[name].append(r)
                 C.say(f"[seed {seed}] {name:<20} {'reached' if r['reached'] else 'NOT reached'} {args.target:g} in "
                       f"{r['wall_s']:.1f} s, {r['env_steps']:,.0f} env steps (return {r['return']:.1f})")
+                # Every run is on disk as soon as it ends: a killed benchmark keeps what it measured.
+                C.write_json(args.out, {"partial": True, "target_return": args.target, "runs": runs}, quiet=True)
     if "rayrl_sweep_total" in args.contenders:
         runs["rayrl_sweep_total"] = with_sweep_cost(runs["rayrl_sweep_best"], sweep)
     summary = {name: summarise(rs) for name, rs in runs.items()}
