@@ -22,6 +22,7 @@ from conftest import ROOT, subprocess_env
 pytestmark = pytest.mark.slow
 
 CONFIGS = ROOT / "experiments" / "configs"
+MID = "default_policy"
 
 
 def train_until(algorithm, env_steps: int, max_s: float) -> tuple[list[tuple[float, float]], dict, dict]:
@@ -48,6 +49,8 @@ def policy_return(algorithm, episodes: int = 20) -> float:
     first reported return is no baseline.
     """
     module = algorithm.get_module()
+    # The learner's weights: async algorithms (APPO, IMPALA) do not push them to this local module.
+    module.set_state(algorithm.learner_group.get_weights()[MID])
     env = gym.make("CartPole-v1")
     total = 0.0
     torch.manual_seed(0)
@@ -72,11 +75,13 @@ def smoothed(curve: list[tuple[float, float]], last: int = 3) -> float:
 
 # (config, env-step budget, evaluation return it must reach, smoothed return it must reach).
 # Random play scores about 22 (the baseline, measured each run). APPO's and IMPALA's iterations last
-# RLlib's default 10 s (35-65k env steps here), so their budgets span several. The thresholds sit
-# about 30% below what 2 cores gave (docs: tests/test_train.py figures in the commit that set them):
-# PPO evaluation 500 / smoothed ~300 at 60k; APPO ~300 / ~220 at ~150k; IMPALA ~250 / ~190 at ~150k.
-LEARNS = [("cartpole_ppo.yaml", 60_000, 150.0, 150.0), ("cartpole_appo.yaml", 150_000, 120.0, 120.0),
-          ("cartpole_impala.yaml", 150_000, 100.0, 100.0)]
+# RLlib's default 10 s (35-65k env steps here), so their budgets span several; on a loaded machine the
+# 240 s cap ends them first. Measured on 2 shared cores (load average ~11), two runs each
+# (evaluation of the final policy / mean of the last 3 reported returns):
+# PPO 265, 201 / 282, 324 (45-62k env steps); APPO 161 / 231, 175 (105-150k); IMPALA 254 / 194, 241
+# (111k). The thresholds sit 25-35% below the lowest of those.
+LEARNS = [("cartpole_ppo.yaml", 60_000, 150.0, 200.0), ("cartpole_appo.yaml", 150_000, 110.0, 130.0),
+          ("cartpole_impala.yaml", 150_000, 130.0, 140.0)]
 
 
 @pytest.mark.parametrize("config,budget,evaluated_min,smoothed_min", LEARNS, ids=[c[0] for c in LEARNS])
