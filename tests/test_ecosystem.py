@@ -86,7 +86,7 @@ def test_tensorboard_events_hold_rayrl_throughput_and_return(trained):
             for tag, points in read_scalars(events).items():
                 scalars.setdefault(tag, []).extend(points)
         rows = history(trained, trial_id)
-        assert len(rows) >= 8
+        assert len(rows) >= 2  # a member that copied another starts from its env steps
         for tag, column in (("rayrl/env_steps_per_s", "env_steps_per_s"),
                             ("rayrl/episode_return_mean", "episode_return_mean")):
             assert [s for s, _ in scalars[tag]] == [int(float(r["env_steps"])) for r in rows]  # by env steps

@@ -136,3 +136,17 @@ def test_population_explore_stays_in_the_spec_ranges():
     assert clamp({"lr": 0.8e-4, "entropy_coeff": 0.005}) == {"lr": 1e-4, "entropy_coeff": 0.005}
     with pytest.raises(S.SpecError, match="population.size: 1 is not a population"):
         S.from_dict({"population": {"size": 1}})
+
+
+def test_a_population_run_is_judged_by_its_best_member(tmp_path):
+    import pandas as pd
+    from test_report import history_rows, write_run
+
+    from rayrl.judge.runfolder import load, subject_history
+
+    rows = history_rows("m0", "train", 512, 3e-4, 6, 900.0, 100.0) + \
+        history_rows("m1", "train", 512, 6e-4, 6, 800.0, 300.0)
+    run = load(write_run(tmp_path / "pbt", kind="train", history=pd.DataFrame(rows), summary={
+        "kind": "train", "env_steps": 3072, "wall_s": 60.0, "population": {"size": 2, "best_trial_id": "m1"}}))
+    judged = subject_history(run)
+    assert list(judged["trial_id"].unique()) == ["m1"] and list(judged[keys.ITERATION]) == [1, 2, 3, 4, 5, 6]

@@ -177,6 +177,9 @@ def subject_history(run: RunFolder) -> pd.DataFrame:
     """The rows the acceptance checks judge: a train run's history, or a sweep's best trial."""
     h = run.history
     if run.kind == "train":
+        member = (run.summary.get("population") or {}).get("best_trial_id")
+        if member is not None:  # a PBT population (rayrl.population): its best member
+            h = h[h["trial_id"].astype(str) == str(member)]
         return h.sort_values(keys.ITERATION, kind="stable").reset_index(drop=True)
     trial = best_trial_id(run)
     if trial is None:
