@@ -1,14 +1,18 @@
-"""The done-when test of object storage: a sweep and `rayrl train` on an S3-compatible server (moto),
-every local copy deleted, then the bucket alone: the contract parses, resume repeats nothing,
-`rayrl train` continues its counters, `rayrl report` works on the URI."""
+"""The done-when test of object storage: a sweep and `rayrl train` (killed mid-run) on an S3-compatible
+server (moto), every local copy deleted, then the bucket alone: the contract parses, resume repeats
+nothing, `rayrl train` continues its counters, `rayrl report` works on the URI."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pandas as pd
 import pytest
@@ -29,7 +33,7 @@ SWEEP = [sys.executable, str(ROOT / "experiments" / "sweep.py"), "--storage", "s
          "--set", "search.grace_env_steps=512", "--set", "search.max_concurrent=1"]
 TRAIN = [sys.executable, "-m", "rayrl.cli", "train", "--config", str(ROOT / "experiments/configs/cartpole_ppo.yaml"),
          "--storage", "s3://rayrl/e2e", "--name", "tr", "--num-cpus", "2", *TINY, "--set", "checkpoint.every=1",
-         "--set", "stop.episode_return=100000"]
+         "--set", "stop.episode_return=100000", "--set", "stop.env_steps=2048"]
 
 
 def _run(cmd: list[str], env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -46,8 +50,7 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
     home = tmp_path / "home"
     env = subprocess_env(**s3_server.env, RAYRL_HOME=str(home))
     _run(SWEEP, env)
-    _run([*TRAIN, "--set", "stop.env_steps=1024"], env)
-    shutil.rmtree(home)  # every local copy of both run folders is gone
+    shutil.rmtree(home)  # every local copy of the sweep's run folder is gone
 
     get = lambda key: _get(s3_server, f"e2e/{key}")  # noqa: E731
     doubling = pd.read_csv(io.BytesIO(get("sw/doubling.csv")))
@@ -59,21 +62,40 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
     assert yaml.safe_load(get("sw/best_config.yaml"))["algo"]["train_batch_per_learner"] == 512
     assert yaml.safe_load(get("sw/spec.yaml"))["search"]["num_samples"] == 2
     assert set(pd.read_csv(io.BytesIO(get("sw/history.csv")))["phase"]) == {"doubling", "search"}
-    train_summary = json.loads(get("tr/summary.json"))
-    assert train_summary["status"] == "finished" and train_summary["env_steps"] >= 1024
-    assert len(pd.read_csv(io.BytesIO(get("tr/history.csv")))) == train_summary["iterations"] == 2
 
     again = _run(SWEEP, env)  # from the bucket alone
     assert "phase 1 already finished" in again.stdout and "resuming from the bucket" in again.stdout
     assert "[phase 1" not in again.stdout and "[phase 2" not in again.stdout  # nothing reran
     assert pd.read_csv(io.BytesIO(get("sw/trials.csv"))).sort_values("trial_id").reset_index(drop=True).equals(
         trials.sort_values("trial_id").reset_index(drop=True))
+
+    # `rayrl train` killed after 2 iterations, local copies wiped: the same command resumes from the bucket.
     shutil.rmtree(home)
-    more = _run([*TRAIN, "--set", "stop.env_steps=2048"], env)
-    assert "iter 3" in more.stdout and "iter 1 " not in more.stdout  # counters go on from the checkpoint
-    history = pd.read_csv(io.BytesIO(get("tr/history.csv")))
-    assert list(history[keys.ITERATION]) == [1, 2, 3, 4]
-    assert json.loads(get("tr/summary.json"))["env_steps"] >= 2048
+    history = None
+    proc = subprocess.Popen(TRAIN, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            found = list(home.glob("runs/*/tr/history.csv"))
+            if found and len(pd.read_csv(found[0])) >= 2:
+                history = found[0]
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, "rayrl train made no progress"
+            time.sleep(0.2)
+        time.sleep(1.0)  # let Tune upload that iteration's checkpoint and its experiment state
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed_at = int(pd.read_csv(history)[keys.ITERATION].max())
+    shutil.rmtree(home)
+    more = _run(TRAIN, env)
+    assert "resuming from the bucket" in more.stdout and "took over a stale lock" in more.stdout
+    first = int(re.search(r"iter (\d+)", more.stdout).group(1))
+    assert 1 < first <= killed_at + 1  # the counters go on from the checkpoint in the bucket
+    train_summary = json.loads(get("tr/summary.json"))
+    assert train_summary["status"] == "finished" and train_summary["env_steps"] >= 2048
+    assert int(pd.read_csv(io.BytesIO(get("tr/history.csv")))[keys.ITERATION].max()) == train_summary["iterations"]
 
     shutil.rmtree(home)
     report = subprocess.run([sys.executable, "-m", "rayrl.cli", "report", "s3://rayrl/e2e/sw"], env=env,
