@@ -37,9 +37,12 @@ MODES = ("sync", "tiered")
 
 def start_s3() -> tuple[Any, str]:
     """A moto S3 server on a free 127.0.0.1 port; the environment points every S3 client at it."""
+    import logging
     import socket
 
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

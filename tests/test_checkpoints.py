@@ -118,6 +118,7 @@ def s3(tmp_path):
     server.stop()
 
 
+@pytest.mark.slow  # a server start: a few seconds the fast set cannot spare
 def test_upload_and_restore_against_an_s3_server(s3, tmp_path):
     _storage_round_trip(s3, "bucket/runs/r/tune/PPO_0001", tmp_path)
 

@@ -129,7 +129,8 @@ def test_a_runner_whose_env_step_blocks_forever_is_restarted_and_the_run_goes_on
     marker = tmp_path / "hung"
     proc = subprocess.run(
         train_cmd(tmp_path, "hang", "env.id=tests.hang_env:make", f"env.config={{marker: '{marker}', after: 300}}",
-                  "resources.env_runners=2", "stop.env_steps=8192", "checkpoint.every=100",
+                  "resources.env_runners=2", "resources.cpus_per_env_runner=0.5", "stop.env_steps=8192",
+                  "checkpoint.every=100",
                   "checkpoint.hung_runner_s=4", f"checkpoint.local_dir={tmp_path / 'tier1'}"),
         env=subprocess_env(), capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
