@@ -67,8 +67,10 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
         stop=stop if stop is not None else stop_criteria(spec),
         # Measurement-only trials (phase 1) keep no checkpoints and are not retried: a failing rung
         # is a finding (the ladder ends there), not an accident.
+        # A PBT member restores another member's checkpoint some iterations after it was chosen; a keep
+        # limit can delete it first ("does not exist on storage anymore"), so a population keeps all.
         checkpoint_config=tune.CheckpointConfig(
-            num_to_keep=spec.checkpoint.keep,
+            num_to_keep=None if spec.population.size >= 2 and phase == "train" else spec.checkpoint.keep,
             checkpoint_frequency=spec.checkpoint.every if checkpoints else 0,
             checkpoint_at_end=checkpoints,
         ),
@@ -165,7 +167,8 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
     }
     if len(grid) > 1:  # a population: the best member's figures above, and each member's id
         summary["population"] = {"size": len(grid), "best_trial_id": Path(result.path).name.split("_", 1)[1],
-                                 "exploits": _count_rows(paths.run_dir / "population.csv")}
+                                 "exploits": _count_rows(paths.run_dir / "population.csv"),
+                                 "errored": sum(1 for r in grid if r.error)}
     paths.write_json("summary.json", summary)
     return summary
 

@@ -138,6 +138,7 @@ def test_population_records_exploit_and_explore(trained):
             (float(step["lr_cloned"]), float(step["entropy_coeff_cloned"]))  # explored, not a plain copy
     summary = json.loads((trained / "summary.json").read_text())
     assert summary["population"]["size"] == 2 and summary["population"]["exploits"] == len(steps)
+    assert summary["population"]["errored"] == 0  # every exploit found the checkpoint it copies
     assert summary["population"]["best_trial_id"] in trial_ids(trained)
 
 
