@@ -166,6 +166,8 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "hung_runner_restarts": keys.lookup(metrics, keys.HUNG_RUNNER_RESTARTS),
     }
     if len(grid) > 1:  # a population: the best member's figures above, and each member's id
+        if (paths.run_dir / "population.csv").exists():  # appended locally by the scheduler; the bucket gets it too
+            paths.store.upload("population.csv")
         summary["population"] = {"size": len(grid), "best_trial_id": Path(result.path).name.split("_", 1)[1],
                                  "exploits": _count_rows(paths.run_dir / "population.csv"),
                                  "errored": sum(1 for r in grid if r.error)}
