@@ -54,7 +54,7 @@ def _commands_in_code_blocks() -> list[list[str]]:
     return commands
 
 
-@pytest.mark.parametrize("program", ["train", "spec", "cluster", "report", "doctor", "drill"])
+@pytest.mark.parametrize("program", ["train", "spec", "cluster", "report", "doctor", "drill", "plan", "export", "play"])
 def test_each_documented_rayrl_command_has_help(program):
     documented = {c[1] for c in _commands_in_code_blocks() if c[0] == "rayrl"}
     assert program in documented
