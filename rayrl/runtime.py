@@ -130,10 +130,6 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         address = "local"  # Ray would otherwise wait forever on a head that was killed, not stopped
     if not joining and os.environ.get("RAYRL_DASHBOARD") == "0":
         kwargs["include_dashboard"] = False
-    if address == "local":
-        # A Ray of this machine alone listens on loopback only: GCS, raylet, agents, workers and the
-        # metrics endpoint (Ray binds that one to all interfaces unless the node IP is loopback).
-        kwargs["_node_ip_address"] = "127.0.0.1"
     ray.init(address=address, **kwargs)
 
 

@@ -52,9 +52,10 @@ def test_no_posture_is_not_applicable_not_a_pass() -> None:
 
 
 @pytest.mark.slow
-def test_a_local_ray_rayrl_starts_listens_on_loopback_only(tmp_path: Path) -> None:
-    """runtime.init_ray's local Ray binds every listener (metrics too) to 127.0.0.1, and the posture
-    it records says so, with token auth on."""
+def test_the_posture_of_a_local_ray_says_what_really_listens(tmp_path: Path) -> None:
+    """A local Ray (runtime.init_ray) runs with token auth, and its GCS and raylet listen off loopback
+    (Ray 2.60 binds them to every interface even on one machine): the posture records them and,
+    with token auth on, the report leaves the firewall question open (N/A) rather than passing it."""
     code = ("import json, sys; from pathlib import Path; from rayrl import runtime, posture; "
             "runtime.init_ray(None, 1); import time; time.sleep(8); "
             f"print(json.dumps(posture.record(Path({str(tmp_path)!r}), {str(tmp_path)!r})))")
@@ -63,7 +64,9 @@ def test_a_local_ray_rayrl_starts_listens_on_loopback_only(tmp_path: Path) -> No
                           cwd=ROOT, start_new_session=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     recorded = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert recorded["auth_mode"] == "token"
-    assert len(recorded["listeners"]) >= 4, recorded          # GCS, raylet, agents, metrics at least
-    assert [r for r in recorded["listeners"] if not r["ip"].startswith("127.")] == [], recorded["listeners"]
-    assert security.verdict(security.checks(recorded)) == PASS
+    assert recorded["auth_mode"] == "token" and recorded["storage"]["is_owner"]
+    exposed = {r["process"] for r in recorded["listeners"] if not r["ip"].startswith("127.")}
+    assert {"gcs_server", "raylet"} <= exposed, recorded["listeners"]
+    v = _verdicts(recorded)
+    assert v["token authentication"] == PASS and v["Ray listeners off loopback"] == NA
+    assert v["TLS between Ray processes"] == FAIL          # off, with listeners on the network

@@ -50,6 +50,7 @@ NODE_PORT_FLAGS = ("object-manager-port", "node-manager-port", "dashboard-agent-
                    "dashboard-agent-listen-port", "runtime-env-agent-port", "metrics-export-port",
                    "min-worker-port", "max-worker-port")
 HEAD_PORT_FLAGS = ("port", "ray-client-server-port", "dashboard-port") + NODE_PORT_FLAGS
+HEAD_PORT_ENV = ("AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")   # the autoscaler's and dashboard's metrics
 
 
 def port_problems(config: dict) -> list[str]:
@@ -63,9 +64,11 @@ def port_problems(config: dict) -> list[str]:
         text = " ".join(cmd for k, cmd in _commands(config) if k == key and "ray start" in cmd)
         if not text:
             continue
-        missing = [f for f in flags if not re.search(rf"--{f}[= ]\d+", text)]
+        missing = [f"--{f}" for f in flags if not re.search(rf"--{f}[= ]\d+", text)]
+        if key == "head_start_ray_commands":  # the head's metrics exporters take these from the environment
+            missing += [v for v in HEAD_PORT_ENV if not re.search(rf"\b{v}=\d+", text)]
         if missing:
-            problems.append(f"{key}: `ray start` leaves {', '.join('--' + f for f in missing)} to Ray, which then "
+            problems.append(f"{key}: `ray start` leaves {', '.join(missing)} to Ray, which then "
                             "opens random ports a firewall cannot name; pin each (see cluster_configs/gpu.yaml).")
     return problems
 
