@@ -7,6 +7,7 @@ and a result dict (see :mod:`rayrl.keys`).
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from typing import Any
 
@@ -165,7 +166,8 @@ class RayrlCallback(RLlibCallback):
         the first), so every result has both keys and a missing return is never an error."""
         for name, key in (("train_return", keys.EPISODE_RETURN), ("eval_return", keys.EVAL_EPISODE_RETURN)):
             value = keys.lookup(result, key)
-            if isinstance(value, (int, float)) and math.isfinite(value):
+            # numpy scalars too: with remote learners RLlib reports float32 (not a Python float)
+            if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
                 self._returns[name] = float(value)
         return dict(self._returns)
 

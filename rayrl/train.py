@@ -10,6 +10,7 @@ import argparse
 import functools
 import json
 import math
+import numbers
 import sys
 import time
 from pathlib import Path
@@ -181,7 +182,7 @@ def _count_rows(path: Path) -> int:
 
 def _finite(value: Any) -> float | None:
     """A return for summary.json: None where no episode (or evaluation) finished."""
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+    return float(value) if isinstance(value, numbers.Real) and math.isfinite(value) else None
 
 
 def trial_resources(spec: Spec) -> dict:

@@ -92,6 +92,10 @@ def test_returns_are_in_every_result_nan_then_last_known():
     later = cb._known_returns({"env_runners": {}, "evaluation": {"env_runners": {"episode_return_mean": 40.0}}})
     assert later == {"train_return": 12.5, "eval_return": 40.0}  # no episode this iteration: last known
     assert cb._known_returns({"env_runners": {"episode_return_mean": math.nan}})["train_return"] == 12.5
+    # with remote learners RLlib reports a numpy float32, which is no Python float
+    import numpy as np
+
+    assert cb._known_returns({"env_runners": {"episode_return_mean": np.float32(30.5)}})["train_return"] == 30.5
 
 
 def test_an_old_spec_with_algo_hidden_is_told_where_it_went():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Mapping
 
 from rayrl import keys
@@ -41,7 +42,7 @@ def rayrl_metrics(result: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def trial_params(spec: Spec, config: Mapping[str, Any]) -> dict[str, Any]:
