@@ -230,7 +230,9 @@ def test_sweep_logs_one_mlflow_run_per_phase2_trial(tmp_path):
     rayrl_run(["experiments/sweep.py", "--name", "ecosweep",
                "--set", "search.doubling={start: 512, cap: 512, warmup_iters: 0, measure_iters: 1}",
                "--set", "search.num_samples=2", "--set", "search.max_env_steps=1536",
-               "--set", "search.grace_env_steps=512", "--set", "search.max_concurrent=2"], tmp_path)
+               "--set", "search.grace_env_steps=512", "--set", "search.max_concurrent=2",
+               # one batch size (no search below the ladder) and no confirmation: MLflow per trial is under test
+               "--set", "search.min_batch=512", "--set", "search.confirm_top_k=0"], tmp_path)
     with (tmp_path / "ecosweep" / "trials.csv").open() as f:
         trials = {r["trial_id"]: r for r in csv.DictReader(f)}
     client = MlflowClient(f"file:{tmp_path / 'mlruns'}")
