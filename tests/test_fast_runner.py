@@ -181,7 +181,7 @@ def test_envpool_backend_samples_cartpole_episodes():
     pytest.importorskip("envpool")
     from rayrl.sampling.fast_runner import EnvPoolFastEnvRunner
 
-    r = runner(EnvPoolFastEnvRunner, config("env.backend=envpool"))
+    r = runner(EnvPoolFastEnvRunner, config("env.backend=envpool", "env.runner=fast"))
     assert r.fast_off_reason is None and type(r.env.env).__name__ == "EnvPoolVectorEnv"
     done = []
     for _ in range(3):
@@ -198,7 +198,7 @@ def test_envpool_backend_samples_cartpole_episodes():
 @pytest.mark.parametrize("overrides, message", [
     (["env.runner=turbo"], "env.runner: 'turbo' is not valid"),
     (["env.backend=envpool", "env.runner=rllib"], "EnvPool is stepped by the fast runner only"),
-    (["env.backend=envpool", "env.id=HalfCheetah-v2"], "has no env 'HalfCheetah-v2'"),
+    (["env.backend=envpool", "env.runner=fast", "env.id=HalfCheetah-v2"], "has no env 'HalfCheetah-v2'"),
 ])
 def test_spec_rejects_runner_and_backend_that_cannot_run(overrides, message):
     if "env.backend=envpool" in overrides and "env.runner=rllib" not in overrides:
