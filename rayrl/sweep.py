@@ -263,7 +263,8 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
         rank, c = next((r, c) for (r, c), p in zip(plan, points) if p["train_batch_size_per_learner"] == batch and
                        p["seed"] == seed and math.isclose(p["lr"], float(lr), rel_tol=1e-9))
         m = trial.last_result or {}
-        ret, steps = keys.lookup(m, keys.EPISODE_RETURN), keys.lookup(m, keys.ENV_STEPS)
+        # the judged return (evaluation when the spec judges by it), last known, as phase 2 and the stop use
+        ret, steps = keys.lookup(m, keys.return_key(spec.judged_by)), keys.lookup(m, keys.ENV_STEPS)
         wall = float(m.get(keys.TIME_TOTAL) or 0.0)
         ret = None if ret is None or not math.isfinite(ret) else float(ret)
         rows.append({"candidate": rank, "phase2_trial_id": c["trial_id"], "batch_size": batch, "lr": c["lr"],
