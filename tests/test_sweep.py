@@ -168,7 +168,9 @@ def check_confirmation(run: Path, spec: S.Spec, trials: pd.DataFrame, summary: d
         assert best["median_cost"] is None
     # The sweep learns: its best phase-2 trial (16,000 env steps in the smoke) scores far above random
     # play (about 22 on CartPole), so a sweep that never learns fails here.
-    assert trials["episode_return_mean"].max() >= SMOKE_MIN_RETURN, trials
+    # The bar is CartPole's; other envs' smoke sweeps (MuJoCo, Atari, long episodes) have their own tests.
+    if spec.env.id == "CartPole-v1":
+        assert trials["episode_return_mean"].max() >= SMOKE_MIN_RETURN, trials
 
 
 def _trial(tid: str, steps: int | None, ret: float | None, status: str) -> dict:
