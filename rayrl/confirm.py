@@ -39,12 +39,12 @@ def top_configs(trials: Iterable[dict], k: int) -> list[dict]:
     out: list[dict] = []
     seen: set[tuple] = set()
     for t in rank(trials):
+        if len(out) >= k:
+            break
         key = (int(t["batch_size"]), float(t["lr"]))
         if key not in seen:
             seen.add(key)
             out.append(t)
-        if len(out) == k:
-            break
     return out
 
 

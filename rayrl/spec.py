@@ -188,8 +188,9 @@ class SearchSpec:
     confirm_top_k: int = doc(3, "confirmation: re-run the best k phase-2 configs on fresh seeds; 0 skips "
                              "it (best_config.yaml is then phase 2's single best run)", min=0)
     confirm_seeds: int = doc(3, "confirmation: fresh seeds per config (never used in phase 1 or 2)", min=1)
-    confirm_env_steps: int = doc(200_000, "confirmation: budget per run, env steps (a run stops at "
-                                 "stop.episode_return)", min=1)
+    confirm_env_steps: int | None = doc(None, "confirmation: budget per run, env steps (a run stops at "
+                                        "stop.episode_return); null: search.max_env_steps, phase 2's budget, so "
+                                        "shrinking the search shrinks its confirmation too", min=1)
     objective: str = doc("usd", "confirmation: the config with the lowest median cost to stop.episode_return "
                          "wins; cost in usd (the cost section's prices), wall_s or env_steps",
                          choices=OBJECTIVES)

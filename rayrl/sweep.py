@@ -184,6 +184,11 @@ def pick_best(trials: list[dict]) -> dict | None:
     return ranked[0] if ranked else None
 
 
+def confirm_budget(search: spec_mod.SearchSpec) -> int:
+    """Env steps per confirmation run: search.confirm_env_steps, else phase 2's per-trial budget."""
+    return search.max_env_steps if search.confirm_env_steps is None else search.confirm_env_steps
+
+
 def confirmation(spec: Spec, paths: runtime.RunPaths, trials: list[dict]) -> tuple[dict | None, int]:
     """Re-run phase 2's top configs on fresh seeds; the lowest median cost to the target wins.
 
@@ -214,7 +219,7 @@ def confirmation(spec: Spec, paths: runtime.RunPaths, trials: list[dict]) -> tup
             "ci95_cost": [confirm.json_safe(chosen["ci_low"]), confirm.json_safe(chosen["ci_high"])],
             "seeds_at_target": f"{chosen['reached']}/{chosen['runs']}"}
     summary = {"objective": s.objective, "seeds": sorted({int(r["seed"]) for r in runs}),
-               "env_steps_budget": s.confirm_env_steps, "target_return": spec.stop.episode_return,
+               "env_steps_budget": confirm_budget(s), "target_return": spec.stop.episode_return,
                "chosen": chosen["candidate"], "candidates": [confirm.jsonable(c) for c in table]}
     why = (f"has the lowest median {s.objective} to the target, {chosen['median']:.4g} (IQM {chosen['iqm']:.4g}, "
            f"95% interval {chosen['ci_low']:.4g}..{chosen['ci_high']:.4g})" if math.isfinite(chosen["median"]) else
@@ -243,9 +248,9 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
                            "minibatch_size": throughput.minibatch_for(int(c["batch_size"]), a.train_batch_per_learner,
                                                                       a.minibatch_size)})
             plan.append((rank, c))
-    print(f"[sweep] confirmation: {len(candidates)} configs x seeds {seeds}, up to {s.confirm_env_steps:,} env "
+    print(f"[sweep] confirmation: {len(candidates)} configs x seeds {seeds}, up to {confirm_budget(s):,} env "
           f"steps each, by median {s.objective} to return {spec.stop.episode_return}", flush=True)
-    stop = {keys.ENV_STEPS: s.confirm_env_steps}
+    stop = {keys.ENV_STEPS: confirm_budget(s)}
     if spec.stop.episode_return is not None:
         stop[keys.EPISODE_RETURN] = spec.stop.episode_return
     concurrent, _ = _concurrent(spec)
@@ -401,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with runtime.claim(paths):
+            from rayrl.train import check_run_states
+
+            check_run_states(paths, ("phase1", "phase2", "confirm"))  # before Ray starts
             runtime.init_ray(None, args.num_cpus)
             runtime.record_posture(paths)
             summary = run(spec, paths)

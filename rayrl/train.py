@@ -80,7 +80,7 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
         failure_config=tune.FailureConfig(max_failures=-1 if production else spec.checkpoint.max_failures
                                           if checkpoints else 0),
         callbacks=[ProgressPrinter(verbose_label, show_config=phase != "train"),
-                   HistoryWriter(paths.run_dir / "history.csv", phase, store=paths.store), DiskGuard(paths.run_dir),
+                   HistoryWriter(paths.run_dir / "history.csv", phase, store=paths.store), DiskGuard(paths.run_dir, experiment=None if fs else exp_path),
                    *trackers, *(extra_callbacks or []),
                    *([FailureBudget(spec.checkpoint.max_failures, spec.checkpoint.failure_window_s),
                       DriverPreemption()] if production else [])],
@@ -97,22 +97,36 @@ def check_experiment_state(exp_path: str) -> None:
     """Refuse to resume from a torn experiment state: Tune then restarts the run with no trial and hangs.
 
     Tune copies experiment_state-*.json to storage non-atomically, so a kill during that copy
-    leaves a cut-short file; Tune resumes from the newest one (by name).
+    leaves a cut-short file; Tune resumes from the newest one (by name). The whole copy DiskGuard
+    kept is put back first (rayrl.storage.tunestate); only without one is this an error.
     """
     if "://" in exp_path:
         return
+    from rayrl.storage import tunestate
+
+    repaired = tunestate.repair(Path(exp_path))
+    if repaired:
+        print(f"[rayrl] {repaired}", flush=True)
     states = sorted(Path(exp_path).glob("experiment_state-*.json"))
     if not states:
         return
     try:
         json.loads(states[-1].read_text())
     except (ValueError, UnicodeDecodeError):
-        earlier = (f"move that file aside to resume from the {len(states) - 1} earlier state file(s)" if len(states) > 1
-                   else "there is no earlier state file, so")
+        earlier = (f"move that file aside to resume from the {len(states) - 1} earlier state file(s), or start "
+                   "again with a new --name." if len(states) > 1 else "there is no earlier state file and no whole "
+                   "copy of it, so start again with a new --name.")
         raise spec_mod.SpecError(
             f"{states[-1]}: Tune's experiment state is cut short (the run was killed while it was being "
-            f"written), so the run cannot resume from it. The checkpoints in {exp_path} are intact: {earlier} "
-            "or start again with a new --name.") from None
+            f"written), so the run cannot resume from it. The checkpoints in {exp_path} are intact: {earlier}") from None
+
+
+def check_run_states(paths: runtime.RunPaths, subdirs: tuple[str, ...]) -> None:
+    """check_experiment_state for each of a run's local Tune experiments, before any cluster work."""
+    for subdir in subdirs:
+        exp_path, fs = paths.experiment(subdir)
+        if fs is None:
+            check_experiment_state(exp_path)
 
 
 def trial_dirname(trial: Any) -> str:
@@ -201,6 +215,7 @@ def main(args: argparse.Namespace) -> int:
     paths = runtime.resolve(args.storage, args.name or spec.name, args.allow_shared_run_dir)
     try:
         with runtime.claim(paths):
+            check_run_states(paths, ("tune",))  # before Ray starts or posture.json is rewritten
             runtime.init_ray(args.address, args.num_cpus)
             runtime.record_posture(paths)
             summary = run(spec, paths)

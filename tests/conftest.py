@@ -144,3 +144,14 @@ def small_disk(path: Path, size: str) -> Iterator[bool]:
     finally:
         if mounted:
             subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def tune_state_names_a_checkpoint(experiment: Path) -> bool:
+    """Whether Tune's newest experiment state already records a trial checkpoint (it writes the state every
+    10 s or after checkpoint.keep checkpoints; a kill before that resumes from the state's older view).
+    The trial's checkpoint paths sit in cloudpickled fields, stored as hex."""
+    states = sorted(Path(experiment).glob("experiment_state-*.json"))
+    if not states:
+        return False
+    text = states[-1].read_text(errors="replace")
+    return "checkpoint_00000" in text or "checkpoint_00000".encode().hex() in text

@@ -34,6 +34,8 @@ def test_rank_and_top_configs_take_phase2s_order_and_skip_duplicates_and_errors(
     assert [t["trial_id"] for t in confirm.rank(trials)] == ["b", "e", "a", "c"]
     assert [t["trial_id"] for t in confirm.top_configs(trials, 3)] == ["b", "a", "c"]
     assert [t["trial_id"] for t in confirm.top_configs(trials, 10)] == ["b", "a", "c"]
+    assert confirm.top_configs(trials, 0) == []  # search.confirm_top_k=0 turns the confirmation off
+    assert [t["trial_id"] for t in confirm.top_configs(trials, 1)] == ["b"]
 
 
 def test_fresh_seeds_are_new_and_distinct():

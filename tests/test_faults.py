@@ -337,15 +337,20 @@ def test_kill_during_a_checkpoint_write_leaves_a_resumable_run(tmp_path, ray_loc
     assert rate == 1.0 and len(restores) == 2
 
 
-def test_a_torn_experiment_state_is_a_clear_error_not_a_hang(tmp_path):
-    """Tune copies its experiment state non-atomically; a kill mid-copy cuts it short. Tune would then
-    restart the run with no trial and wait forever; rayrl says what happened, exits 2, changes nothing."""
+def test_a_torn_experiment_state_is_repaired_from_the_kept_copy_else_a_clear_error(tmp_path):
+    """Tune copies its experiment state non-atomically; a kill or a full disk mid-copy cuts it short, and
+    Tune would then restart the run with no trial and wait forever. rayrl keeps a whole copy and puts it
+    back (the torn file kept beside it); without that copy it says what happened, exits 2, changes nothing."""
     storage = tmp_path / "runs"
     cmd = [*TRAIN, "--storage", str(storage), "--name", "torn", "--num-cpus", "2", "--set", "stop.env_steps=1024",
            "--set", "resources.env_runners=0"]
     ok(run(cmd, timeout=600))
     state = sorted((storage / "torn" / "tune").glob("experiment_state-*.json"))[-1]
-    state.write_text(state.read_text()[: len(state.read_text()) // 3])
+    kept = state.with_name(".rayrl-good-" + state.name)
+    assert json.loads(kept.read_text())  # DiskGuard kept a whole copy while the run went on
+    torn_text = state.read_text()[: len(state.read_text()) // 3]
+    state.write_text(torn_text)
+    kept.rename(tmp_path / "kept.json")
     before = digest(storage / "torn")
     proc = run(cmd, timeout=180)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -353,3 +358,9 @@ def test_a_torn_experiment_state_is_a_clear_error_not_a_hang(tmp_path):
     assert "cut short" in " ".join(err.split()) and "Traceback" not in err
     assert state.name in "".join(err.split())  # the paragraph is wrapped at 100 columns, long paths too
     assert digest(storage / "torn") == before
+
+    (tmp_path / "kept.json").rename(kept)  # with the kept copy the same command resumes
+    proc = ok(run(cmd, timeout=300))
+    assert "resumed from the last whole copy" in " ".join(proc.stdout.split())
+    assert json.loads(state.read_text()) and state.with_name(state.name + ".torn").read_text() == torn_text
+    assert json.loads((storage / "torn" / "summary.json").read_text())["status"] == "finished"

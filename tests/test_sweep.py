@@ -151,7 +151,7 @@ def check_confirmation(run: Path, spec: S.Spec, trials: pd.DataFrame, summary: d
     assert (runs.groupby("candidate")["seed"].nunique() == s.confirm_seeds).all()
     target = spec.stop.episode_return
     assert (runs["reached"] == (runs["episode_return_mean"] >= target)).all()
-    assert (runs["env_steps"] <= s.confirm_env_steps + 4 * runs["batch_size"]).all()
+    assert (runs["env_steps"] <= (s.confirm_env_steps or s.max_env_steps) + 4 * runs["batch_size"]).all()
     costs = runs[s.objective].where(runs["reached"], float("inf"))
     med = runs.assign(cost=costs).groupby("candidate").agg(cost=("cost", "median"),
                                                            ret=("episode_return_mean", "median"))
@@ -216,9 +216,6 @@ def test_smoke_sweep_writes_the_contract_and_resumes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="merged tree, 2026-12-01: confirm.csv is written although --set search.confirm_top_k=0 "
-                          "should turn the confirmation off; not yet diagnosed (see the round's closing note)",
-                   strict=False)
 def test_smoke_sweep_with_hyperband(tmp_path):
     run_sweep(tmp_path, "hb", "--set", "search.scheduler=hyperband", "--set", "search.confirm_top_k=0")
     check_run_folder(tmp_path / "hb", scheduler="hyperband", confirmed=False)

@@ -17,7 +17,7 @@ import torch
 from rayrl import algo, keys
 from rayrl import spec as S
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, subprocess_env, tune_state_names_a_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -121,8 +121,11 @@ def test_rayrl_train_resumes_after_a_kill(tmp_path):
                              start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:  # wait until a checkpoint exists (iteration >= 2) and more ran
-            if history.exists() and len(pd.read_csv(history)) >= 6:
+        # Wait until Tune's experiment state names a checkpoint (Tune writes it every 10 s or after
+        # checkpoint.keep checkpoints: a kill before that loses the iterations since) and more ran.
+        while time.monotonic() < deadline:
+            if (history.exists() and len(pd.read_csv(history)) >= 6
+                    and tune_state_names_a_checkpoint(tmp_path / "resume" / "tune")):
                 break
             if first.poll() is not None:
                 pytest.fail("the first run ended before it could be interrupted:\n" + first.stdout.read())
@@ -130,7 +133,8 @@ def test_rayrl_train_resumes_after_a_kill(tmp_path):
         else:
             pytest.fail("no progress within 240 s")
     finally:
-        os.killpg(first.pid, signal.SIGKILL)
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     before = pd.read_csv(history)
     killed_at = int(before[keys.ITERATION].max())
