@@ -187,7 +187,11 @@ def test_sweep_scales_gpu_workers_up_and_idle_workers_down(fake_cluster: FakeClu
     job_log = tmp_path / "job.log"
     sweep = [sys.executable, str(ROOT / "experiments" / "sweep.py"), "--smoke", "--name", "autoscale",
              "--storage", str(tmp_path / "runs"), "--set", "resources.learners=1",
-             "--set", f"resources.custom_per_learner={{{STAND_IN}: 1}}", "--set", "stop.episode_return=30"]
+             "--set", f"resources.custom_per_learner={{{STAND_IN}: 1}}", "--set", "stop.episode_return=30",
+             # one rung, two short trials, no confirmation: this test is about nodes coming and going
+             "--set", "search.doubling.cap=512", "--set", "search.min_batch=512", "--set", "search.num_samples=2",
+             "--set", "search.max_env_steps=2048", "--set", "search.grace_env_steps=1024",
+             "--set", "search.confirm_top_k=0"]
     with job_log.open("w") as out:
         # No --working-dir here (a real cluster takes `--working-dir .`): fake nodes share this machine's
         # session folder, and a fake node's runtime-env agent deletes the unpacked working dir when its

@@ -199,7 +199,8 @@ def test_report_reads_drill_json(drilled, train_run, tmp_path):
 SWEEP_TINY = ["--set", "search.doubling.start=512", "--set", "search.doubling.cap=1024",
               "--set", "search.doubling.warmup_iters=0", "--set", "search.doubling.measure_iters=1",
               "--set", "search.num_samples=2", "--set", "search.max_env_steps=2048",
-              "--set", "search.grace_env_steps=2048", "--set", "resources.env_runners=0", "--set", "checkpoint.every=2"]
+              "--set", "search.grace_env_steps=2048", "--set", "resources.env_runners=0", "--set", "checkpoint.every=2",
+              "--set", "search.min_batch=512", "--set", "search.confirm_top_k=0"]
 
 
 def test_driver_death_during_sweep_phase2_resumes_without_rerunning(tmp_path):

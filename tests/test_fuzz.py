@@ -260,6 +260,7 @@ def notebook_reads(run: runfolder.RunFolder) -> None:
     doctor.diagnose(doctor.evidence([str(run.path)]))
 
 
+@pytest.mark.slow  # 15 s: 300 damaged folders
 @fuzz(300)
 @given(st.data(), st.sampled_from(["sweep", "train"]))
 def test_damaged_run_folders_raise_run_folder_error_only(tmp_path, data, kind):
@@ -273,6 +274,7 @@ def test_damaged_run_folders_raise_run_folder_error_only(tmp_path, data, kind):
         assert str(root) in str(exc) or "spec.yaml" in str(exc), exc
 
 
+@pytest.mark.slow  # 21 s: 60 full reports
 @fuzz(60)
 @given(st.data())
 def test_report_on_a_damaged_folder_exits_2_and_writes_nothing(tmp_path, capsys, data):

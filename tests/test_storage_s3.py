@@ -30,7 +30,8 @@ SWEEP = [sys.executable, str(ROOT / "experiments" / "sweep.py"), "--storage", "s
          "--num-cpus", "2", *TINY, "--set", "search.doubling.start=512", "--set", "search.doubling.cap=512",
          "--set", "search.doubling.warmup_iters=0", "--set", "search.doubling.measure_iters=1",
          "--set", "search.num_samples=2", "--set", "search.max_env_steps=1024",
-         "--set", "search.grace_env_steps=512", "--set", "search.max_concurrent=1"]
+         "--set", "search.grace_env_steps=512", "--set", "search.max_concurrent=1",
+         "--set", "search.min_batch=512"]  # phase 2 on the one rung only
 TRAIN = [sys.executable, "-m", "rayrl.cli", "train", "--config", str(ROOT / "experiments/configs/cartpole_ppo.yaml"),
          "--storage", "s3://rayrl/e2e", "--name", "tr", "--num-cpus", "2", *TINY, "--set", "checkpoint.every=1",
          "--set", "stop.episode_return=100000", "--set", "stop.env_steps=2048"]

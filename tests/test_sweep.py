@@ -217,7 +217,8 @@ def test_smoke_sweep_writes_the_contract_and_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_sweep_with_hyperband(tmp_path):
-    run_sweep(tmp_path, "hb", "--set", "search.scheduler=hyperband", "--set", "search.confirm_top_k=0")
+    run_sweep(tmp_path, "hb", "--set", "search.scheduler=hyperband", "--set", "search.confirm_top_k=0",
+              "--set", "search.num_samples=2", "--set", "search.doubling.cap=1024")
     check_run_folder(tmp_path / "hb", scheduler="hyperband", confirmed=False)
 
 
@@ -246,7 +247,8 @@ def test_ray_job_submit_runs_the_smoke_sweep(tmp_path):
         storage = tmp_path / "runs"
         submit = [RAY, "job", "submit", "--address", head.dashboard, "--working-dir", ".", "--",
                   "python", "experiments/sweep.py", "--smoke", "--storage", str(storage), "--name", "job",
-                  "--set", "search.confirm_top_k=0"]
+                  "--set", "search.confirm_top_k=0", "--set", "search.num_samples=2",
+                  "--set", "search.doubling.cap=1024"]
         proc = submit_job(submit, env, timeout=600, cwd=ROOT)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
         job_id = re.search(r"raysubmit_\w+", proc.stdout + proc.stderr).group(0)

@@ -64,7 +64,8 @@ def test_long_episodes_smoke_sweep_judged_by_evaluation(ray_local, tmp_path):
 
 def test_atari_cpu_config_smoke_sweep(ray_local, tmp_path):
     _, history = smoke_sweep(tmp_path, CONFIGS / "atari_breakout_ppo_cpu.yaml", "breakout",
-                             "search.max_env_steps=1024", "search.grace_env_steps=512")
+                             "search.max_env_steps=1024", "search.grace_env_steps=512",
+                             "search.confirm_top_k=1")
     assert history["episode_return_mean"].notna().any()  # each life is an episode: short ones finish
 
 
