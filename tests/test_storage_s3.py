@@ -34,7 +34,7 @@ SWEEP = [sys.executable, str(ROOT / "experiments" / "sweep.py"), "--storage", "s
          "--set", "search.min_batch=512"]  # phase 2 on the one rung only
 TRAIN = [sys.executable, "-m", "rayrl.cli", "train", "--config", str(ROOT / "experiments/configs/cartpole_ppo.yaml"),
          "--storage", "s3://rayrl/e2e", "--name", "tr", "--num-cpus", "2", *TINY, "--set", "checkpoint.every=1",
-         "--set", "stop.episode_return=100000", "--set", "stop.env_steps=2048"]
+         "--set", "stop.episode_return=100000", "--set", "stop.env_steps=6144"]
 
 
 def _run(cmd: list[str], env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -45,6 +45,16 @@ def _run(cmd: list[str], env: dict, timeout: int = 300) -> subprocess.CompletedP
 
 def _get(s3_server, key: str) -> bytes:
     return s3_server.client.get_object(Bucket=s3_server.bucket, Key=key)["Body"].read()
+
+
+def bucket_state_names_a_checkpoint(s3_server, prefix: str) -> bool:
+    """Whether Tune's newest experiment state in the bucket records a trial checkpoint (hex-pickled)."""
+    listed = s3_server.client.list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix).get("Contents", [])
+    states = sorted(o["Key"] for o in listed if o["Key"].rsplit("/", 1)[-1].startswith("experiment_state-"))
+    if not states:
+        return False
+    text = s3_server.client.get_object(Bucket=s3_server.bucket, Key=states[-1])["Body"].read().decode(errors="replace")
+    return "checkpoint_00000" in text or "checkpoint_00000".encode().hex() in text
 
 
 def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path):
@@ -62,11 +72,14 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
     assert summary["knee_batch_size"] == 512 and summary["best"]["trial_id"] in set(trials["trial_id"])
     assert yaml.safe_load(get("sw/best_config.yaml"))["algo"]["train_batch_per_learner"] == 512
     assert yaml.safe_load(get("sw/spec.yaml"))["search"]["num_samples"] == 2
-    assert set(pd.read_csv(io.BytesIO(get("sw/history.csv")))["phase"]) == {"doubling", "search"}
+    assert set(pd.read_csv(io.BytesIO(get("sw/history.csv")))["phase"]) == {"doubling", "search", "confirm"}
+    assert len(pd.read_csv(io.BytesIO(get("sw/confirm.csv")))) == summary["confirm"]["candidates"][0]["runs"] * len(
+        summary["confirm"]["candidates"])
 
     again = _run(SWEEP, env)  # from the bucket alone
     assert "phase 1 already finished" in again.stdout and "resuming from the bucket" in again.stdout
     assert "[phase 1" not in again.stdout and "[phase 2" not in again.stdout  # nothing reran
+    assert "confirmation already finished" in again.stdout and "[confirm" not in again.stdout
     assert pd.read_csv(io.BytesIO(get("sw/trials.csv"))).sort_values("trial_id").reset_index(drop=True).equals(
         trials.sort_values("trial_id").reset_index(drop=True))
 
@@ -79,12 +92,12 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
         deadline = time.monotonic() + 240
         while True:
             found = list(home.glob("runs/*/tr/history.csv"))
-            if found and len(pd.read_csv(found[0])) >= 2:
+            # Tune records a checkpoint in its state every 10 s or after checkpoint.keep of them: wait for it
+            if found and len(pd.read_csv(found[0])) >= 2 and bucket_state_names_a_checkpoint(s3_server, "e2e/tr/tune/"):
                 history = found[0]
                 break
             assert proc.poll() is None and time.monotonic() < deadline, "rayrl train made no progress"
             time.sleep(0.2)
-        time.sleep(1.0)  # let Tune upload that iteration's checkpoint and its experiment state
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -95,7 +108,7 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
     first = int(re.search(r"iter (\d+)", more.stdout).group(1))
     assert 1 < first <= killed_at + 1  # the counters go on from the checkpoint in the bucket
     train_summary = json.loads(get("tr/summary.json"))
-    assert train_summary["status"] == "finished" and train_summary["env_steps"] >= 2048
+    assert train_summary["status"] == "finished" and train_summary["env_steps"] >= 6144
     assert int(pd.read_csv(io.BytesIO(get("tr/history.csv")))[keys.ITERATION].max()) == train_summary["iterations"]
 
     shutil.rmtree(home)

@@ -222,6 +222,20 @@ def test_smoke_sweep_with_hyperband(tmp_path):
     check_run_folder(tmp_path / "hb", scheduler="hyperband", confirmed=False)
 
 
+def test_smoke_overrides_are_validated_on_the_smoke_budgets():
+    """--smoke --set search.doubling.cap=1024 is valid (the smoke ladder starts at 512), and still checked."""
+    config = str(ROOT / "experiments" / "configs" / "cartpole_ppo.yaml")
+    spec = sweep.load_spec(config, ["search.doubling.cap=1024", "search.confirm_top_k=0"], tiny=True)
+    assert (spec.search.doubling.start, spec.search.doubling.cap, spec.search.confirm_top_k) == (512, 1024, 0)
+    assert spec.search.max_env_steps == 16000 and sweep.confirm_budget(spec.search) == 4000
+    with pytest.raises(S.SpecError, match="search.doubling.cap"):
+        sweep.load_spec(config, ["search.doubling.cap=256"], tiny=True)
+    with pytest.raises(S.SpecError, match="search.doubling.cap"):  # without --smoke the file's ladder starts at 2048
+        sweep.load_spec(config, ["search.doubling.cap=1024"])
+    unbudgeted = sweep.load_spec(config, ["search.max_env_steps=50000", "search.grace_env_steps=10000"])
+    assert unbudgeted.search.confirm_env_steps is None and sweep.confirm_budget(unbudgeted.search) == 50000
+
+
 def test_sweep_rejects_bad_input_before_ray(tmp_path):
     proc = subprocess.run([*SWEEP, "--set", "search.doubling.min_gain=-1", "--storage", str(tmp_path)],
                           env=subprocess_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
