@@ -110,17 +110,18 @@ def _recorded_head_alive() -> bool:
         return False
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     """Join the cluster this process runs in (`ray job submit`, RAY_ADDRESS) or start a local Ray.
 
-    Token authentication stays as Ray sets it up (on by default for local clusters).
+    Token authentication stays as Ray sets it up (on by default for local clusters). Returns True
+    when this call started a local Ray (its size is fixed: no autoscaler adds nodes).
     """
     import ray
 
     # Frequent small checkpoints are rayrl's choice (recovery loses less); don't warn about them.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     if ray.is_initialized():
-        return
+        return False
     kwargs: dict = {"log_to_driver": os.environ.get("RAYRL_WORKER_LOGS", "0") == "1"}
     joining = address is not None or os.environ.get("RAY_ADDRESS")
     if not joining and num_cpus is not None:
@@ -131,6 +132,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if not joining and os.environ.get("RAYRL_DASHBOARD") == "0":
         kwargs["include_dashboard"] = False
     ray.init(address=address, **kwargs)
+    return address == "local"
 
 
 def record_posture(paths: RunPaths) -> None:

@@ -120,6 +120,19 @@ def phase2_tune_config(spec: Spec, ladder: list[int], max_concurrent: int) -> An
                            num_samples=s.num_samples, max_concurrent_trials=max_concurrent)
 
 
+def trial_misfit(cluster: dict[str, float], request: dict[str, float]) -> str | None:
+    """Why one trial can never start on a fixed-size cluster (a local Ray: no autoscaler adds nodes),
+    or None when it fits. Tune would otherwise wait forever, logging a warning once a minute."""
+    short = [f"{request.get(k, 0):g} {k}s (the cluster has {cluster.get(k, 0):g})"
+             for k in ("CPU", "GPU") if request.get(k, 0) > cluster.get(k, 0) + 1e-9]
+    if not short:
+        return None
+    return (f"one trial needs {' and '.join(short)}: the trial itself, each env runner (resources.env_runners, "
+            "evaluation.env_runners) and each learner (resources.learners, cpus_per_learner, gpus_per_learner) "
+            "hold their own; nothing would ever start on this local Ray. Lower those counts or give --num-cpus "
+            "more CPUs.")
+
+
 def max_concurrent_trials(cluster: dict[str, float], cpus_per_trial: float, gpus_per_trial: float,
                           configured: int = 0) -> int:
     """Trials that fit at once in the cluster's CPUs and GPUs (``configured`` > 0 wins)."""

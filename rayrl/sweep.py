@@ -303,6 +303,18 @@ def _concurrent(spec: Spec) -> tuple[int, dict]:
                                  spec.search.max_concurrent), request
 
 
+def check_fits(spec: Spec) -> None:
+    """SweepError when one trial needs more than the local Ray this run started."""
+    import ray
+
+    from rayrl.search import trial_misfit
+
+    _, request = _concurrent(spec)
+    why = trial_misfit(ray.cluster_resources(), request)
+    if why:
+        raise SweepError(why)
+
+
 def _analysis(paths: runtime.RunPaths, subdir: str) -> Any:
     """Tune's view of a finished phase; unlike a ResultGrid it keeps errored trials' configs.
 
@@ -410,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             from rayrl.train import check_run_states
 
             check_run_states(paths, ("phase1", "phase2", "confirm"))  # before Ray starts
-            runtime.init_ray(None, args.num_cpus)
+            if runtime.init_ray(None, args.num_cpus):
+                check_fits(spec)
             runtime.record_posture(paths)
             summary = run(spec, paths)
     except SweepError as exc:

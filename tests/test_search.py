@@ -6,7 +6,7 @@ import pytest
 
 from rayrl import keys
 from rayrl import spec as S
-from rayrl.search import DoublingSearcher, Phase2Space, max_concurrent_trials
+from rayrl.search import DoublingSearcher, Phase2Space, max_concurrent_trials, trial_misfit
 from ray.tune.search import Searcher
 
 SPEC = S.from_dict({"search": {"doubling": {"start": 2048, "cap": 16384, "warmup_iters": 1, "measure_iters": 3}}})
@@ -83,3 +83,12 @@ def test_phase2_space_scales_lr_by_the_declared_rule_and_minibatch_by_batch():
 ])
 def test_max_concurrent_trials(cluster, cpus, gpus, configured, expected):
     assert max_concurrent_trials(cluster, cpus, gpus, configured) == expected
+
+
+def test_a_trial_larger_than_a_fixed_cluster_is_named_with_its_shortfall():
+    assert trial_misfit({"CPU": 2.0}, {"CPU": 2.0}) is None
+    assert trial_misfit({"CPU": 8.0, "GPU": 1.0}, {"CPU": 3.0, "GPU": 1.0}) is None
+    why = trial_misfit({"CPU": 2.0}, {"CPU": 4.0})
+    assert why and "4 CPUs (the cluster has 2)" in why and "evaluation.env_runners" in why and "--num-cpus" in why
+    why = trial_misfit({"CPU": 16.0}, {"CPU": 5.0, "GPU": 4.0})
+    assert why and "4 GPUs (the cluster has 0)" in why and "CPUs" not in why.split(":")[0]

@@ -287,3 +287,15 @@ def test_first_rung_failure_is_a_clear_error(tmp_path):
     ladder = pd.read_csv(tmp_path / "bad" / "doubling.csv", keep_default_na=False)
     assert list(ladder["decision"]) == ["failed"]
     yaml.safe_load((tmp_path / "bad" / "spec.yaml").read_text())
+
+
+@pytest.mark.slow
+def test_a_trial_larger_than_the_local_ray_is_a_clear_error_not_a_wait(tmp_path):
+    """Tune would wait forever for 3 CPUs on a 2-CPU local Ray; the sweep says so and exits 1 (~15 s)."""
+    proc = subprocess.run([*SWEEP, "--smoke", "--storage", str(tmp_path), "--name", "big", "--num-cpus", "2",
+                           "--set", "evaluation.interval=1", "--set", "evaluation.env_runners=2"],
+                          env=subprocess_env(), capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    said = " ".join(proc.stderr.split())
+    assert "one trial needs 3 CPUs (the cluster has 2)" in said and "Traceback" not in proc.stderr
+    assert not (tmp_path / "big" / "phase1").exists()  # no trial was queued
