@@ -200,3 +200,17 @@ def _learner_stats(result: dict) -> dict:
             if src in stats and stats[src] is not None:
                 out[dst] = float(stats[src])
     return out
+
+
+def resource_request(spec: Spec) -> dict[str, float]:
+    """What one trial of ``spec`` holds in the cluster (RLlib's placement group, summed over bundles)."""
+    return dict(algorithm_class(spec.algo.name).default_resource_request(build_config(spec)).required_resources)
+
+
+def check_fits(spec: Spec) -> str | None:
+    """Why one trial cannot start on the connected (fixed-size, local) Ray, or None."""
+    import ray
+
+    from rayrl.search import trial_misfit
+
+    return trial_misfit(ray.cluster_resources(), resource_request(spec))

@@ -295,24 +295,12 @@ def _concurrent(spec: Spec) -> tuple[int, dict]:
     """Trials at once (search.max_concurrent, else what fits in the cluster) and what one trial holds."""
     import ray
 
-    from rayrl.algo import algorithm_class, build_config
+    from rayrl.algo import resource_request
     from rayrl.search import max_concurrent_trials
 
-    request = algorithm_class(spec.algo.name).default_resource_request(build_config(spec)).required_resources
+    request = resource_request(spec)
     return max_concurrent_trials(ray.cluster_resources(), request.get("CPU", 1), request.get("GPU", 0),
                                  spec.search.max_concurrent), request
-
-
-def check_fits(spec: Spec) -> None:
-    """SweepError when one trial needs more than the local Ray this run started."""
-    import ray
-
-    from rayrl.search import trial_misfit
-
-    _, request = _concurrent(spec)
-    why = trial_misfit(ray.cluster_resources(), request)
-    if why:
-        raise SweepError(why)
 
 
 def _analysis(paths: runtime.RunPaths, subdir: str) -> Any:
@@ -423,7 +411,11 @@ def main(argv: list[str] | None = None) -> int:
 
             check_run_states(paths, ("phase1", "phase2", "confirm"))  # before Ray starts
             if runtime.init_ray(None, args.num_cpus):
-                check_fits(spec)
+                from rayrl.algo import check_fits
+
+                why = check_fits(spec)
+                if why:
+                    raise SweepError(why)
             runtime.record_posture(paths)
             summary = run(spec, paths)
     except SweepError as exc:

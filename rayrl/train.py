@@ -216,7 +216,13 @@ def main(args: argparse.Namespace) -> int:
     try:
         with runtime.claim(paths):
             check_run_states(paths, ("tune",))  # before Ray starts or posture.json is rewritten
-            runtime.init_ray(args.address, args.num_cpus)
+            if runtime.init_ray(args.address, args.num_cpus):
+                from rayrl.algo import check_fits
+
+                why = check_fits(spec)
+                if why:
+                    print(f"rayrl train: error: {why}", file=sys.stderr)
+                    return 1
             runtime.record_posture(paths)
             summary = run(spec, paths)
     except Exception as exc:  # a full disk or a failed upload: one paragraph, files intact, resumable
