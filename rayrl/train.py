@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import numbers
 import sys
@@ -80,7 +79,8 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = "train", sub
         failure_config=tune.FailureConfig(max_failures=-1 if production else spec.checkpoint.max_failures
                                           if checkpoints else 0),
         callbacks=[ProgressPrinter(verbose_label, show_config=phase != "train"),
-                   HistoryWriter(paths.run_dir / "history.csv", phase, store=paths.store), DiskGuard(paths.run_dir, experiment=None if fs else exp_path),
+                   HistoryWriter(paths.run_dir / "history.csv", phase, store=paths.store),
+                   DiskGuard(paths.run_dir, experiment=None if fs else exp_path),
                    *trackers, *(extra_callbacks or []),
                    *([FailureBudget(spec.checkpoint.max_failures, spec.checkpoint.failure_window_s),
                       DriverPreemption()] if production else [])],
@@ -107,18 +107,14 @@ def check_experiment_state(exp_path: str) -> None:
     repaired = tunestate.repair(Path(exp_path))
     if repaired:
         print(f"[rayrl] {repaired}", flush=True)
-    states = sorted(Path(exp_path).glob("experiment_state-*.json"))
-    if not states:
-        return
-    try:
-        json.loads(states[-1].read_text())
-    except (ValueError, UnicodeDecodeError):
+    states = sorted(Path(exp_path).glob(tunestate.PATTERN))
+    if states and not tunestate.whole(states[-1].read_bytes()):
         earlier = (f"move that file aside to resume from the {len(states) - 1} earlier state file(s), or start "
                    "again with a new --name." if len(states) > 1 else "there is no earlier state file and no whole "
                    "copy of it, so start again with a new --name.")
         raise spec_mod.SpecError(
             f"{states[-1]}: Tune's experiment state is cut short (the run was killed while it was being "
-            f"written), so the run cannot resume from it. The checkpoints in {exp_path} are intact: {earlier}") from None
+            f"written), so the run cannot resume from it. The checkpoints in {exp_path} are intact: {earlier}")
 
 
 def check_run_states(paths: runtime.RunPaths, subdirs: tuple[str, ...]) -> None:

@@ -151,7 +151,9 @@ def tune_state_names_a_checkpoint(experiment: Path) -> bool:
     10 s or after checkpoint.keep checkpoints; a kill before that resumes from the state's older view).
     The trial's checkpoint paths sit in cloudpickled fields, stored as hex."""
     states = sorted(Path(experiment).glob("experiment_state-*.json"))
-    if not states:
-        return False
-    text = states[-1].read_text(errors="replace")
+    return bool(states) and state_names_a_checkpoint(states[-1].read_text(errors="replace"))
+
+
+def state_names_a_checkpoint(text: str) -> bool:
+    """Whether the text of a Tune experiment state records a trial checkpoint (plain or hex-pickled)."""
     return "checkpoint_00000" in text or "checkpoint_00000".encode().hex() in text

@@ -20,7 +20,7 @@ import yaml
 
 from rayrl import keys
 
-from conftest import ROOT, subprocess_env
+from conftest import ROOT, state_names_a_checkpoint, subprocess_env
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +53,7 @@ def bucket_state_names_a_checkpoint(s3_server, prefix: str) -> bool:
     states = sorted(o["Key"] for o in listed if o["Key"].rsplit("/", 1)[-1].startswith("experiment_state-"))
     if not states:
         return False
-    text = s3_server.client.get_object(Bucket=s3_server.bucket, Key=states[-1])["Body"].read().decode(errors="replace")
-    return "checkpoint_00000" in text or "checkpoint_00000".encode().hex() in text
+    return state_names_a_checkpoint(_get(s3_server, states[-1]).decode(errors="replace"))
 
 
 def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path):
