@@ -33,12 +33,17 @@ class SweepError(RuntimeError):
 
 
 def smoke(spec: Spec) -> Spec:
-    """Tiny budgets: the whole sweep, confirmation included, in about 4 minutes on 2 cores (tests, a first try)."""
+    """Tiny budgets: the whole sweep, confirmation included, in about 4 minutes on 2 cores (tests, a first try).
+
+    Sampling and evaluation run in the trial's own process (no EnvRunner actors), so a cluster preset
+    (e.g. the Pong GPU config with its learners set to 0) fits a 2-core machine.
+    """
     return spec_mod.replace(
         spec,
         env={"envs_per_runner": 4},
         algo={"train_batch_per_learner": 512, "minibatch_size": 128, "epochs": 4},
         resources={"env_runners": 0},
+        evaluation={"env_runners": 0},
         checkpoint={"every": 5},
         search={"doubling": {"start": 512, "factor": 2, "cap": 2048, "min_gain": spec.search.doubling.min_gain,
                              "warmup_iters": 1, "measure_iters": 2},
@@ -389,14 +394,15 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = _Parser(prog="experiments/sweep.py", description=(
         "The rayrl sweep. Phase 1 measures env steps/s at batch 2048, 4096, ... (the doubling rule: stop when "
-        "a doubling gains < 15%% or at the cap) to find the knee; phase 2 runs ASHA (or HyperBand) with Optuna "
+        "a doubling gains < 15% or at the cap) to find the knee; phase 2 runs ASHA (or HyperBand) with Optuna "
         "TPE over lr and the batch sizes up to the knee (and below the start, down to search.min_batch), by "
         "episode return; then the top search.confirm_top_k configs run again on fresh seeds and the lowest median "
         "cost to the target (search.objective) wins. Results: STORAGE/NAME/ (doubling.csv, trials.csv, "
         "confirm.csv, best_config.yaml, summary.json). The same command again resumes."))
     add_run_args(parser, default_config="experiments/configs/cartpole_ppo.yaml")
     parser.add_argument("--smoke", action="store_true", help="tiny budgets: the whole sweep, confirmation "
-                        "included, in about 4 minutes on 2 cores (--set overrides still apply on top)")
+                        "included, in about 4 minutes on 2 cores; sampling and evaluation in the trial's own process "
+                        "(--set overrides still apply on top)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray (default: all)")
     args = parser.parse_args(argv)
     try:

@@ -292,3 +292,26 @@ def test_profile_iteration_quick(tmp_path):
     assert 0 < runner["env_step"] < runner["sample_total"] and runner["env_steps"] >= 1024
     assert report["tune"]["iterations"] == 3
     assert report["batch_size"] == 1024 and "sampling" in printed
+
+
+def test_workloads_summary_skips_the_first_iteration_and_handles_missing_returns():
+    wl = load("workloads")
+    nan = float("nan")
+    rows = [
+        {"env_steps": 1000, "time_total_s": 5.0, "env_steps_per_s": 100.0, "episode_return_mean": nan,
+         "eval_return_mean": nan},
+        {"env_steps": 3000, "time_total_s": 6.0, "env_steps_per_s": 2000.0, "episode_return_mean": 10.0,
+         "eval_return_mean": nan},
+        {"env_steps": 5000, "time_total_s": 7.0, "env_steps_per_s": 3000.0, "episode_return_mean": 8.0,
+         "eval_return_mean": 40.0},
+        {"env_steps": 7000, "time_total_s": 8.0, "env_steps_per_s": 2500.0, "episode_return_mean": nan,
+         "eval_return_mean": 30.0},
+    ]
+    out = wl.summarize(rows)
+    assert out["env_steps_per_s"] == 2500.0  # median of 2000, 3000, 2500: the start-up 100 left out
+    assert out["train_return_last"] == 8.0 and out["train_return_best"] == 10.0
+    assert out["eval_return_best"] == 40.0
+    assert (out["iterations"], out["env_steps"], out["wall_s"]) == (4, 7000.0, 8.0)
+    assert math.isnan(wl.summarize(rows[:1])["train_return_last"])
+    with pytest.raises(ValueError, match="no history rows"):
+        wl.summarize([])

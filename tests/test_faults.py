@@ -108,6 +108,12 @@ def by_name(drilled: dict, name: str) -> dict:
 # `rayrl drill` on a train run: env runner, trial, driver, restores
 
 
+@pytest.mark.parametrize("given, drilled_with", [(-1, -1), (0, 3), (3, 3), (10, 10)])
+def test_a_drill_keeps_at_least_three_retries_and_retry_forever_stays(given, drilled_with):
+    spec = S.load(ROOT / "experiments" / "configs" / "cartpole_ppo.yaml", [f"checkpoint.max_failures={given}"])
+    assert drill_harness.drill_spec(spec, "trial").checkpoint.max_failures == drilled_with
+
+
 def test_drill_writes_drill_json_and_leaves_the_run_untouched(drilled, train_run):
     proc = ok(drilled["proc"])
     data = drilled["data"]

@@ -236,6 +236,16 @@ def test_smoke_overrides_are_validated_on_the_smoke_budgets():
     assert unbudgeted.search.confirm_env_steps is None and sweep.confirm_budget(unbudgeted.search) == 50000
 
 
+def test_smoke_samples_and_evaluates_in_the_trial_so_the_pong_gpu_preset_fits_two_cpus():
+    config = str(ROOT / "experiments" / "configs" / "atari_pong_appo_gpu.yaml")
+    cpu = ["resources.learners=0", "resources.gpus_per_learner=0", "resources.env_runners=1"]
+    assert sweep.load_spec(config, cpu).evaluation.env_runners == 2  # the preset's own evaluation runners
+    spec = sweep.load_spec(config, cpu, tiny=True)
+    assert (spec.resources.env_runners, spec.evaluation.env_runners) == (1, 0)
+    assert spec.evaluation.interval == 20  # evaluation stays on: only where it runs changes
+    assert sweep.load_spec(config, [*cpu, "evaluation.env_runners=1"], tiny=True).evaluation.env_runners == 1
+
+
 def test_sweep_rejects_bad_input_before_ray(tmp_path):
     proc = subprocess.run([*SWEEP, "--set", "search.doubling.min_gain=-1", "--storage", str(tmp_path)],
                           env=subprocess_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)

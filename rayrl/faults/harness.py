@@ -48,7 +48,9 @@ def drill_spec(spec: Spec, name: str, *, env_runners: int | None = None, kind: s
     data["algo"].update(train_batch_per_learner=BATCH, minibatch_size=MINIBATCH, epochs=min(spec.algo.epochs, 2))
     data["resources"]["env_runners"] = r.env_runners if env_runners is None else env_runners
     data["stop"] = {"env_steps": BATCH * 400, "episode_return": None, "wall_s": None}
-    data["checkpoint"] = {"every": 1, "keep": 2, "max_failures": max(spec.checkpoint.max_failures, 3)}
+    # at least 3 retries (a drill kills on purpose); -1 (retry forever) stays -1
+    failures = spec.checkpoint.max_failures
+    data["checkpoint"] = {"every": 1, "keep": 2, "max_failures": -1 if failures == -1 else max(failures, 3)}
     if kind == "sweep":
         # Two rungs, then four short phase-2 trials one at a time (no early stopping), so the kill
         # lands between a finished trial and a running one.
