@@ -48,6 +48,23 @@ def top_configs(trials: Iterable[dict], k: int) -> list[dict]:
     return out
 
 
+#: phase2_trial_id of the spec's own config when the confirmation adds it (search.confirm_baseline)
+BASELINE_ID = "spec"
+
+
+def with_baseline(candidates: Sequence[dict], batch_size: int, lr: float) -> list[dict]:
+    """``candidates`` plus the spec's own (batch size, lr) last, unless one of them already is it.
+
+    Why: the top phase-2 configs won single noisy runs; without the starting point on the same
+    fresh seeds, the sweep can ship a config slower than the one it started from.
+    """
+    out = list(candidates)
+    if not any(int(c["batch_size"]) == int(batch_size) and math.isclose(float(c["lr"]), float(lr), rel_tol=1e-9)
+               for c in out):
+        out.append({"trial_id": BASELINE_ID, "batch_size": int(batch_size), "lr": float(lr)})
+    return out
+
+
 def fresh_seeds(phase_seed: int, n: int, stride: int = SEED_STRIDE) -> list[int]:
     """``n`` seeds phase 1 and 2 never used (they ran with ``phase_seed``), far apart so the env seeds
     RLlib derives from each (seed + runner and env index) do not overlap either."""

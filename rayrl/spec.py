@@ -188,6 +188,9 @@ class SearchSpec:
     confirm_top_k: int = doc(3, "confirmation: re-run the best k phase-2 configs on fresh seeds; 0 skips "
                              "it (best_config.yaml is then phase 2's single best run)", min=0)
     confirm_seeds: int = doc(3, "confirmation: fresh seeds per config (never used in phase 1 or 2)", min=1)
+    confirm_baseline: bool = doc(True, "confirmation: the spec's own batch and lr run too (candidate 'spec' "
+                                 "when not already among the top k), so the sweep ships a change only when "
+                                 "it beats its starting point on the same fresh seeds")
     confirm_env_steps: int | None = doc(None, "confirmation: budget per run, env steps (a run stops at "
                                         "stop.episode_return); null: search.max_env_steps, phase 2's budget, so "
                                         "shrinking the search shrinks its confirmation too", min=1)

@@ -211,6 +211,8 @@ def confirmation(spec: Spec, paths: runtime.RunPaths, trials: list[dict]) -> tup
         candidates = confirm.top_configs(trials, s.confirm_top_k)
         if not candidates:
             return None, 0
+        if s.confirm_baseline:
+            candidates = confirm.with_baseline(candidates, spec.algo.train_batch_per_learner, spec.algo.lr)
         runs = run_confirm(spec, paths, candidates, confirm.fresh_seeds(spec.seed, s.confirm_seeds))
         write_csv(paths, "confirm.csv", confirm.CONFIRM_COLUMNS, runs)
     if not runs:
@@ -232,6 +234,9 @@ def confirmation(spec: Spec, paths: runtime.RunPaths, trials: list[dict]) -> tup
            f"wins on median return ({chosen['median_return']:.1f}): no candidate reached the target on most seeds")
     print(f"[sweep] confirmation: candidate {chosen['candidate']} (batch {chosen['batch_size']}, lr "
           f"{chosen['lr']:.2e}) {why}; {chosen['reached']}/{chosen['runs']} seeds reached it", flush=True)
+    if chosen["phase2_trial_id"] == confirm.BASELINE_ID:
+        print("[sweep] confirmation: the spec's own batch and lr won; no searched config beat the starting point "
+              "on fresh seeds, so best_config.yaml keeps them", flush=True)
     return {"best": best, "summary": summary}, int(sum(float(r["env_steps"] or 0) for r in runs))
 
 

@@ -38,6 +38,28 @@ def test_rank_and_top_configs_take_phase2s_order_and_skip_duplicates_and_errors(
     assert [t["trial_id"] for t in confirm.top_configs(trials, 1)] == ["b"]
 
 
+def test_the_specs_own_config_joins_the_candidates_last_unless_already_there():
+    top = [_trial("b", 512, 3e-4, 30_000, 452.0, "reached_target"), _trial("a", 2048, 1e-4, 90_000, 478.0,
+                                                                             "reached_target")]
+    out = confirm.with_baseline(top, 2048, 3e-4)
+    assert [c["trial_id"] for c in out] == ["b", "a", confirm.BASELINE_ID]
+    assert (out[-1]["batch_size"], out[-1]["lr"]) == (2048, 3e-4)
+    assert [c["trial_id"] for c in confirm.with_baseline(top, 2048, 1e-4)] == ["b", "a"]  # "a" is the spec's
+    assert [c["trial_id"] for c in confirm.with_baseline(top, 512, 1e-4)] == ["b", "a", "spec"]  # batch alone: no
+    assert top[-1]["trial_id"] == "a" and len(top) == 2  # the input is not changed
+
+
+def test_the_specs_own_config_wins_when_the_searched_ones_are_slower_on_fresh_seeds():
+    runs = [{"candidate": c, "phase2_trial_id": tid, "batch_size": b, "lr": 1e-4, "seed": seed,
+             "trial_id": f"{tid}{seed}", "env_steps": steps, "wall_s": wall, "usd": wall / 1000,
+             "episode_return_mean": 460.0, "reached": True}
+            for c, tid, b, walls in ((1, "x", 512, (37.0, 39.0, 30.0)), (2, confirm.BASELINE_ID, 2048,
+                                                                         (27.0, 12.0, 20.0)))
+            for seed, wall, steps in zip((1000, 2000, 3000), walls, (80_000, 60_000, 70_000))]
+    chosen = confirm.choose(confirm.summarise(runs, "wall_s"))
+    assert chosen["phase2_trial_id"] == confirm.BASELINE_ID and chosen["median"] == 20.0
+
+
 def test_fresh_seeds_are_new_and_distinct():
     seeds = confirm.fresh_seeds(7, 4)
     assert seeds == [1007, 2007, 3007, 4007]
@@ -109,6 +131,10 @@ def test_spec_fields_of_the_confirmation():
     spec = S.from_dict({})
     s = spec.search
     assert (s.confirm_top_k, s.confirm_seeds, s.objective, s.min_batch) == (3, 3, "usd", 256)
+    assert s.confirm_baseline is True
+    assert S.from_dict({"search": {"confirm_baseline": False}}).search.confirm_baseline is False
+    with pytest.raises(S.SpecError, match="search.confirm_baseline"):
+        S.from_dict({"search": {"confirm_baseline": "maybe"}})
     with pytest.raises(S.SpecError, match="search.objective.*wall_s"):
         S.from_dict({"search": {"objective": "return"}})
     with pytest.raises(S.SpecError, match="search.confirm_seeds"):

@@ -146,8 +146,15 @@ def check_confirmation(run: Path, spec: S.Spec, trials: pd.DataFrame, summary: d
                                                                        ascending=[True, False])
     rest = usable[usable["status"] != "reached_target"].sort_values("episode_return_mean", ascending=False)
     top = pd.concat([reached, rest]).drop_duplicates(["batch_size", "lr"]).head(s.confirm_top_k)
-    assert list(runs.groupby("candidate")["phase2_trial_id"].first()) == list(top["trial_id"])
-    assert len(runs) == len(top) * s.confirm_seeds
+    expected = list(top["trial_id"])
+    own = ((top["batch_size"] == spec.algo.train_batch_per_learner) & (top["lr"] - spec.algo.lr).abs().lt(1e-12))
+    if s.confirm_baseline and not own.any():  # the spec's own config runs on the same fresh seeds, last
+        expected.append("spec")
+        base = runs[runs["phase2_trial_id"] == "spec"]
+        assert set(base["batch_size"]) == {spec.algo.train_batch_per_learner}
+        assert base["lr"].tolist() == pytest.approx([spec.algo.lr] * s.confirm_seeds)
+    assert list(runs.groupby("candidate")["phase2_trial_id"].first()) == expected
+    assert len(runs) == len(expected) * s.confirm_seeds
     assert (runs.groupby("candidate")["seed"].nunique() == s.confirm_seeds).all()
     target = spec.stop.episode_return
     assert (runs["reached"] == (runs["episode_return_mean"] >= target)).all()
