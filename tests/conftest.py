@@ -66,23 +66,32 @@ def head_port_flags() -> list[str]:
 
 
 @contextlib.contextmanager
-def ray_head(env: dict, num_cpus: int, tag: str) -> Iterator[SimpleNamespace]:
+def ray_head(env: dict, num_cpus: int, tag: str, block: bool = True) -> Iterator[SimpleNamespace]:
     """`ray start --head --block` in its own process group, every port free, the dashboard on localhost.
 
     Yields its gcs address, dashboard URL and temp dir; at the end the group is killed and the temp
     dir removed (never `ray stop`: it would end every Ray on the machine).
+
+    ``block=False`` starts the head without `--block` and waits for `ray start` to return (its exit
+    status in ``process.returncode``); the head's processes stay in its process group, killed the
+    same way. Needed to kill one of them: under `--block` Ray ends the whole head once any of its
+    processes dies.
     """
     gcs, dash = free_port(), free_port()
     temp_dir = Path("/tmp") / f"rayrl-{tag}-{os.getpid()}"  # short: Ray's socket paths have a length limit
-    head = subprocess.Popen([RAY, "start", "--head", "--block", f"--num-cpus={num_cpus}", f"--port={gcs}",
+    head = subprocess.Popen([RAY, "start", "--head", *(["--block"] if block else []), f"--num-cpus={num_cpus}",
+                             f"--port={gcs}",
                              f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
                              *head_port_flags(), f"--temp-dir={temp_dir}"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        if not block:
+            head.wait(timeout=300)
         yield SimpleNamespace(process=head, gcs=f"127.0.0.1:{gcs}", dashboard=f"http://127.0.0.1:{dash}",
                               temp_dir=temp_dir)
     finally:
-        os.killpg(head.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # without --block the group may be empty already
+            os.killpg(head.pid, signal.SIGKILL)
         head.wait()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
