@@ -6,7 +6,7 @@ example), ``rayrl_default`` (``--config``, default experiments/configs/cartpole_
 ``rayrl_sweep_best`` (the ``best_config.yaml`` of the sweep run folder ``--sweep``) and
 ``rayrl_sweep_total`` (that sweep's own wall time and env steps, from its summary.json, plus
 ``rayrl_sweep_best``'s per seed: what finding and then training the answer cost). All run in one
-process, one after another, the order rotated seed by seed; seeds start at ``--seed-base`` (1000:
+process, one after another, the order rotated seed by seed; seeds start at ``--seed-base`` (5000:
 no sweep or tuning here saw them).
 
 "Reached" is the mean return of the last 20 episodes >= the target, for every contender. Wall
@@ -142,7 +142,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    "rayrl_sweep_best and rayrl_sweep_total")
     p.add_argument("--contenders", nargs="+", choices=CONTENDERS, help="a subset (default: all that can run)")
     p.add_argument("--seeds", type=int, help="seeds per contender (default 3; quick 1)")
-    p.add_argument("--seed-base", type=int, default=1000, help="first seed (default %(default)s: unseen by tuning)")
+    p.add_argument("--seed-base", type=int, default=5000, help="first seed (default %(default)s: unseen by tuning; "
+                   "a sweep's confirmation uses its spec seed + 1000, 2000, ...; with --sweep a clash is refused)")
     p.add_argument("--target", type=float, help="mean return of the last 20 episodes to reach (default 450; quick 150)")
     p.add_argument("--max-env-steps", type=float, help="cap per run (default 500000; quick 60000)")
     p.add_argument("--max-wall-s", type=float, help="cap per run, seconds of training (default 200; quick 60)")
@@ -162,10 +163,29 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.sweep and not ((args.sweep / "best_config.yaml").is_file() and (args.sweep / "summary.json").is_file()):
         p.error(f"--sweep: {str(args.sweep)!r} has no best_config.yaml and summary.json; give a finished sweep's "
                 "run folder")
+    if args.sweep:
+        seen = tuning_seeds(args.sweep)
+        clash = sorted(seen & set(range(args.seed_base, args.seed_base + args.seeds)))
+        if clash:
+            p.error(f"--seed-base {args.seed_base}: seeds {clash} were used by the sweep in {str(args.sweep)!r} "
+                    f"(its phases and confirmation used {sorted(seen)}); the answer must be judged on seeds no "
+                    f"tuning saw: give a --seed-base whose {args.seeds} seeds avoid them, e.g. "
+                    f"{max(seen) + 1001}")
     if "rayrl_sweep_total" in wanted and "rayrl_sweep_best" not in wanted:
         wanted.append("rayrl_sweep_best")
     args.contenders = [c for c in CONTENDERS if c in wanted]
     return args
+
+
+def tuning_seeds(run_dir: Path) -> set[int]:
+    """Seeds a sweep's phases (spec.yaml's seed) and confirmation (summary.json) trained on."""
+    seeds: set[int] = set()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    seeds.update(int(x) for x in ((summary.get("confirm") or {}).get("seeds") or []))
+    spec_file = run_dir / "spec.yaml"
+    if spec_file.is_file():
+        seeds.add(int(C.load_spec(spec_file).seed))
+    return seeds
 
 
 def main(argv: list[str] | None = None) -> int:

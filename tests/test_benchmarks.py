@@ -160,7 +160,15 @@ def test_time_to_reward_flags_are_checked_before_any_run(tmp_path):
         ttr.parse(["--sweep", str(tmp_path)])  # no best_config.yaml / summary.json there
     args = ttr.parse(["--quick"])
     assert args.contenders == ["sb3_zoo", "rllib_same_settings", "rllib_tuned_example", "rayrl_default"]
-    assert args.target == 150.0 and args.seed_base == 1000
+    assert args.target == 150.0 and args.seed_base == 5000
+    # seeds a sweep trained on (spec seed 0, confirmation 1000 and 2000) are refused for judging its answer
+    (tmp_path / "best_config.yaml").write_text("name: x\n")
+    (tmp_path / "summary.json").write_text(json.dumps({"confirm": {"seeds": [1000, 2000]}}))
+    (tmp_path / "spec.yaml").write_text("seed: 0\n")
+    with pytest.raises(SystemExit):
+        ttr.parse(["--sweep", str(tmp_path), "--seed-base", "999", "--seeds", "3"])  # 999, 1000, 1001
+    assert ttr.tuning_seeds(tmp_path) == {0, 1000, 2000}
+    assert ttr.parse(["--sweep", str(tmp_path), "--seed-base", "1001", "--seeds", "3"]).seed_base == 1001
 
 
 def test_read_knee_from_doubling_csv_summary_and_run_folder(tmp_path):
@@ -225,7 +233,7 @@ def test_time_to_reward_quick_reaches_a_target_far_above_random_play(tmp_path):
     assert set(report["contenders"]) == {"sb3_zoo", "rayrl_default"}
     for name, s in report["contenders"].items():
         (run,) = s["runs"]
-        assert run["seed"] == 1000
+        assert run["seed"] == 5000
         # Not reaching the target inside the caps (60 s, 60,000 env steps) is a failure, not a pass.
         assert s["reached"] == 1 and run["reached"] and run["return"] >= 150.0, (name, run)
         assert run["wall_s"] < 60 and 2000 <= run["env_steps"] < 60_000, (name, run)
