@@ -7,7 +7,10 @@
 # Every Ray process then starts with (docs/security.md):
 #   export RAY_USE_TLS=1 RAY_TLS_CA_CERT=DIR/ca.crt RAY_TLS_SERVER_CERT=DIR/NAME.crt RAY_TLS_SERVER_KEY=DIR/NAME.key
 # Ray uses the same certificate as server and client, so a node's certificate must name every
-# address other processes reach it by (its IPs, and 127.0.0.1 for local connections).
+# address other processes reach it by (its IPs, and 127.0.0.1 for local connections). Ray connects
+# even to a local GCS at the node IP it detects (`ray start` prints it as "Local node IP"): a certificate
+# without that IP makes `ray start` hang at "Failed to connect to GCS", with "No match found for server
+# name: <IP>" in the session's logs/gcs_server.err.
 set -euo pipefail
 usage() { sed -n '2,6p' "$0" >&2; exit 2; }
 [ $# -ge 2 ] || usage
