@@ -96,6 +96,16 @@ def ray_head(env: dict, num_cpus: int, tag: str, block: bool = True) -> Iterator
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+def wait_for_jobs_api(dashboard: str, env: dict, what: str, timeout: float = 120) -> None:
+    """Until `ray job list` answers at ``dashboard``: the Jobs API comes up after `ray start` returns."""
+    deadline = time.monotonic() + timeout
+    while subprocess.run([RAY, "job", "list", "--address", dashboard], env=env, capture_output=True,
+                         timeout=60).returncode != 0:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}'s Jobs API did not come up within {timeout:.0f} s")
+        time.sleep(2)
+
+
 def submit_job(command: list[str], env: dict, timeout: float, cwd: Path | None = None,
                tries: int = 30) -> subprocess.CompletedProcess:
     """`ray job submit ...`, retried while the Jobs API answers but the node's job agent is not up yet."""

@@ -35,7 +35,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import RAY, ROOT, free_port, ray_head, submit_job, subprocess_env
+from conftest import RAY, ROOT, free_port, ray_head, submit_job, subprocess_env, wait_for_jobs_api
 
 CONFIG = ROOT / "experiments" / "configs" / "cartpole_ppo.yaml"
 DOWN_S = 15  # how long the GCS stays down: well under Ray's 60 s reconnect timeout (raylet, workers)
@@ -160,12 +160,7 @@ def test_training_goes_on_across_a_gcs_restart_with_redis(tmp_path):
             (gcs,), (raylet,) = _in_group(pgid, "gcs_server"), _in_group(pgid, "raylet")
             assert f"--redis_port={redis_port}" in gcs.cmdline(), gcs.cmdline()  # FT is on, on our Redis
 
-            deadline = time.monotonic() + 120
-            while subprocess.run([RAY, "job", "list", "--address", head.dashboard], env=env, capture_output=True,
-                                 timeout=60).returncode != 0:
-                if time.monotonic() > deadline:
-                    pytest.fail("the head's Jobs API did not come up within 120 s")
-                time.sleep(2)
+            wait_for_jobs_api(head.dashboard, env, "the head")
             submit = [RAY, "job", "submit", "--no-wait", "--address", head.dashboard, "--",
                       sys.executable, "-m", "rayrl.cli", "train", "--config", str(CONFIG), "--storage", str(storage),
                       "--name", "gcsft", *TRAIN]

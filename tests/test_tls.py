@@ -31,7 +31,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import RAY, ROOT, ray_head, submit_job, subprocess_env
+from conftest import RAY, ROOT, ray_head, submit_job, subprocess_env, wait_for_jobs_api
 
 MAKE_CERTS = ROOT / "cluster_configs" / "tls" / "make-certs.sh"
 
@@ -115,12 +115,7 @@ def test_a_tls_head_runs_a_submitted_job_and_refuses_drivers_without_its_certifi
         head_s = time.monotonic() - started
 
         # The Jobs API is the dashboard's HTTP (not TLS): the submitter needs the token, not the certificates.
-        deadline = time.monotonic() + 120
-        while subprocess.run([RAY, "job", "list", "--address", head.dashboard], env=env, capture_output=True,
-                             timeout=60).returncode != 0:
-            if time.monotonic() > deadline:
-                pytest.fail("the TLS head's Jobs API did not come up within 120 s")
-            time.sleep(2)
+        wait_for_jobs_api(head.dashboard, env, "the TLS head")
         submitted = time.monotonic()
         job = submit_job([RAY, "job", "submit", "--address", head.dashboard, "--", sys.executable, "-c", JOB],
                          env, timeout=150, cwd=ROOT)
