@@ -114,4 +114,6 @@ def test_rung_throughput_is_the_median_after_warmup():
 def test_minibatches_per_epoch_stay_constant():
     # 2048 / 256 = 8 minibatches per epoch at every rung
     assert [T.minibatch_for(b, 2048, 256) for b in (2048, 4096, 16384)] == [256, 512, 2048]
-    assert T.minibatch_for(512, 2048, 256) == 64
+    # below the spec's batch the spec's minibatch stays (capped at the batch): fewer, larger SGD steps
+    assert [T.minibatch_for(b, 2048, 256) for b in (1024, 512, 256, 128)] == [256, 256, 256, 128]
+    assert T.minibatch_for(1024, 2048, 2048) == 1024
