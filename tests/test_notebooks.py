@@ -59,7 +59,13 @@ def expected_verdicts(run_dir: Path, baseline_dir: Path | None = None) -> dict[s
     summary = json.loads((run_dir / "summary.json").read_text())
     h = pd.read_csv(run_dir / "history.csv")
     if summary["kind"] == "sweep":
-        h = h[h["trial_id"].astype(str) == str(summary["best"]["trial_id"])]
+        best = str(summary["best"]["trial_id"])
+        if best == "spec":  # the spec's own config won the confirmation: its first run at the target speaks
+            runs = pd.read_csv(run_dir / "confirm.csv")
+            runs = runs[runs["phase2_trial_id"].astype(str) == best].sort_values(["reached", "seed"],
+                                                                                 ascending=[False, True])
+            best = str(runs.iloc[0]["trial_id"])
+        h = h[h["trial_id"].astype(str) == best]
     later = h[h["training_iteration"] > t["warmup_iters"]]
     h = later if not later.empty else h
     ladder = pd.read_csv((baseline_dir or run_dir) / "doubling.csv")

@@ -251,6 +251,12 @@ def test_load_a_sweep_and_find_its_best_trial(tmp_path):
     assert best_trial_id(run) == "t0"  # the summary's trial_id wins
     run.summary["best"] = {}
     assert best_trial_id(run) == "t1"  # no summary: pick_best over trials.csv, fewest env steps to the target
+    # the spec's own config won the confirmation (it never ran in phase 2): its first run at the target
+    run.summary["best"] = {"trial_id": "spec", "batch_size": 2048, "lr": 1e-3}
+    run.confirm = pd.DataFrame({"phase2_trial_id": ["t1", "spec", "spec", "spec"], "seed": [1000, 1000, 2000, 3000],
+                                "trial_id": ["c0", "c1", "c2", "c3"], "reached": [True, False, True, True]})
+    assert best_trial_id(run) == "c2"
+    run.summary["best"] = {}
     assert knee_batch(run) == 4096 and ladder_knee(run.doubling) == 4096
     assert set(subject_history(run)["trial_id"]) == {"t1"}
     assert run.resources.cpus == 3 and run.target_return == 400.0

@@ -152,13 +152,21 @@ def load(path: str | Path) -> RunFolder:
 
 
 def best_trial_id(run: RunFolder) -> str | None:
-    """The phase-2 trial summary.json names best (by trial_id, else batch size and lr), else sweep.pick_best's."""
+    """The trial that speaks for summary.json's best: its phase-2 trial (by trial_id, else batch size and lr),
+    a confirmation run when the winner never ran in phase 2, else sweep.pick_best's."""
     trials = run.trials
     if trials is None or trials.empty:
         return None
     best = run.summary.get("best") or {}
     if best.get("trial_id") is not None and str(best["trial_id"]) in set(trials["trial_id"].astype(str)):
         return str(best["trial_id"])
+    if best.get("trial_id") is not None and run.confirm is not None:
+        # a config phase 2 never ran (the spec's own, search.confirm_baseline) won the confirmation:
+        # its first run that reached the target (by seed), else its first run, speaks for it
+        runs = run.confirm[run.confirm["phase2_trial_id"].astype(str) == str(best["trial_id"])]
+        if not runs.empty:
+            runs = runs.sort_values(["reached", "seed"], ascending=[False, True], kind="stable")
+            return str(runs.iloc[0]["trial_id"])
     if "batch_size" in best and "lr" in best:
         match = trials[(trials["batch_size"] == best["batch_size"])]
         if not match.empty:
