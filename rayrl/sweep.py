@@ -401,8 +401,9 @@ def main(argv: list[str] | None = None) -> int:
         "The rayrl sweep. Phase 1 measures env steps/s at batch 2048, 4096, ... (the doubling rule: stop when "
         "a doubling gains < 15% or at the cap) to find the knee; phase 2 runs ASHA (or HyperBand) with Optuna "
         "TPE over lr and the batch sizes up to the knee (and below the start, down to search.min_batch), by "
-        "episode return; then the top search.confirm_top_k configs run again on fresh seeds and the lowest median "
-        "cost to the target (search.objective) wins. Results: STORAGE/NAME/ (doubling.csv, trials.csv, "
+        "episode return; then the top search.confirm_top_k configs and the spec's own batch and lr "
+        "(search.confirm_baseline) run again on fresh seeds and the lowest median cost to the target "
+        "(search.objective) wins. Results: STORAGE/NAME/ (doubling.csv, trials.csv, "
         "confirm.csv, best_config.yaml, summary.json). The same command again resumes."))
     add_run_args(parser, default_config="experiments/configs/cartpole_ppo.yaml")
     parser.add_argument("--smoke", action="store_true", help="tiny budgets: the whole sweep, confirmation "
