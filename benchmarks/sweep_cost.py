@@ -6,8 +6,8 @@ or the spec's ``stop.episode_return``, 450) and the same trial concurrency rule:
 
 * grid16: batch in {1024, 2048, 4096, 8192} x 4 learning rates drawn log-uniform from 1e-5..1e-3
   (one from each quarter of the log range, seeded: a plain draw of 4 can land all below 5e-5);
-  every trial runs to the full budget (no early stopping). The minibatch follows the batch as in
-  rayrl's phase 2 (same number of minibatches per epoch), so only the search differs.
+  every trial runs to the full budget (no early stopping). The minibatch follows the batch by
+  rayrl's own rule (``throughput.minibatch_for``, as in phase 2), so only the search differs.
 * grid4: the guide's snippet read literally: one lr draw per batch (the same 4 lrs, shuffled).
 * rayrl: ``rayrl.sweep.run`` with ``search.max_env_steps`` = ``search.confirm_env_steps`` = the
   grid's budget: the doubling ladder, ASHA + Optuna TPE, then the confirmation runs (all count).
