@@ -8,12 +8,18 @@ A run that did not reach the target costs infinity, so a config that fails on mo
 win on one lucky run. The spread is reported as rliable does (Agarwal et al., 2021): the median,
 the interquartile mean and a percentile-bootstrap interval.
 
+The confirmation is a race (``search.confirm_race``, :class:`Race`): once some config's median is known
+to be at most B, a run whose cost passes B (2B for an even seed count) is stopped, and a config whose
+median can no longer get below B gets no more runs. Such a run could only have moved a median that is
+already above B, so the choice is the one the full confirmation would make; the losers cost less.
+
 Pure functions of plain data (no Ray): the sweep (rayrl.sweep) calls them on Tune's results.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -21,7 +27,10 @@ import numpy as np
 OBJECTIVES = ("usd", "wall_s", "env_steps")
 SEED_STRIDE = 1000  #: confirmation seeds are phase seed + k x this: far from the env seeds RLlib derives
 CONFIRM_COLUMNS = ("candidate", "phase2_trial_id", "batch_size", "lr", "seed", "trial_id", "env_steps", "wall_s",
-                   "usd", "episode_return_mean", "reached")
+                   "usd", "episode_return_mean", "reached", "stopped")
+#: why a confirmation run ended (confirm.csv's ``stopped``): at the target, at the budget, stopped by the
+#: race (its config could no longer win), or errored
+STOP_REASONS = ("target", "budget", "cannot_win", "error")
 
 
 def rank(trials: Iterable[dict]) -> list[dict]:
@@ -140,15 +149,72 @@ def summarise(runs: Sequence[dict], objective: str, seed: int = 0) -> list[dict]
                     "batch_size": int(first["batch_size"]), "lr": float(first["lr"]),
                     "seeds": [int(r["seed"]) for r in rows], "costs": costs, "median": median(costs),
                     "iqm": iqm(costs), "ci_low": low, "ci_high": high, "reached": sum(bool(r["reached"]) for r in rows),
-                    "runs": len(rows), "median_return": median(returns) if returns else math.nan,
+                    "runs": len(rows), "cut_by_race": sum(r.get("stopped") == "cannot_win" for r in rows),
+                    "median_return": median(returns) if returns else math.nan,
                     "median_env_steps": median([float(r["env_steps"]) for r in rows
                                                 if r.get("env_steps") is not None])})
     return out
 
 
+class Race:
+    """Which confirmation runs can stop early without changing :func:`choose`'s answer.
+
+    Fed every result of every run (candidate, seed, cost so far, at the target or not). B is the lowest
+    upper bound on any candidate's median: its median with unfinished runs counted as infinite. A run
+    whose cost passes B (2B for an even seed count, whose median averages two runs) sits above its
+    candidate's median whenever that median is <= B, so censoring it (cost infinite) changes no median
+    that could win; a candidate whose lowest possible median (unstarted runs at 0, running ones at their
+    cost so far) is above B cannot win, and its runs stop at their next result. Plain data, no Ray.
+    """
+
+    def __init__(self, candidates: Iterable[int], seeds: Sequence[int]) -> None:
+        self.seeds = list(seeds)
+        #: candidate -> seed -> [cost so far, finished, cost if finished (inf: missed or censored)]
+        self.runs: dict[int, dict[int, list]] = {c: {s: [0.0, False, math.inf] for s in self.seeds}
+                                                 for c in candidates}
+
+    def _threshold(self, bound: float) -> float:
+        return bound if len(self.seeds) % 2 else 2 * bound
+
+    def bound(self) -> float:
+        """B: some candidate's median is at most this (infinite until one has enough finished runs)."""
+        return min((statistics.median([r[2] if r[1] else math.inf for r in runs.values()]) for runs in self.runs.values()),
+                   default=math.inf)
+
+    def lowest_median(self, candidate: int) -> float:
+        """The lowest median ``candidate`` can still end with."""
+        return statistics.median([r[2] if r[1] else r[0] for r in self.runs[candidate].values()])
+
+    def finish(self, candidate: int, seed: int, cost: float) -> None:
+        """A run ended: ``cost`` to the target, or infinity (budget, censored, error)."""
+        run = self.runs[candidate][seed]
+        run[0], run[1], run[2] = (cost if math.isfinite(cost) else run[0]), True, cost
+
+    def should_stop(self, candidate: int, seed: int, cost: float) -> bool:
+        """Record a running run's cost so far; True when the race stops it (its config cannot win)."""
+        run = self.runs[candidate][seed]
+        run[0] = max(run[0], float(cost))
+        bound = self.bound()
+        if not math.isfinite(bound):
+            return False
+        return run[0] > self._threshold(bound) or self.lowest_median(candidate) > bound
+
+
+def stop_reason(reached: bool, errored: bool, env_steps: float | None, budget: float) -> str:
+    """confirm.csv's ``stopped`` for a finished run (the race is what is left: neither target, budget nor error)."""
+    if errored:
+        return "error"
+    if reached:
+        return "target"
+    if env_steps is not None and env_steps >= budget:
+        return "budget"
+    return "cannot_win"
+
+
 def choose(candidates: Sequence[dict]) -> dict | None:
     """The confirmed config: the lowest median cost; ties (e.g. none reached the target: all infinite) go
-    to the higher median return, then to the better phase-2 rank."""
+    to the higher median return, then to the better phase-2 rank. (The race never censors a run while no
+    median is finite, so the no-winner tie-break sees whole runs.)"""
     if not candidates:
         return None
     ret = lambda c: c["median_return"] if math.isfinite(c["median_return"]) else -math.inf  # noqa: E731

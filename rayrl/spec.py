@@ -191,6 +191,10 @@ class SearchSpec:
     confirm_baseline: bool = doc(True, "confirmation: the spec's own batch and lr run too (candidate 'spec' "
                                  "when not already among the top k), so the sweep ships a change only when "
                                  "it beats its starting point on the same fresh seeds")
+    confirm_race: bool = doc(True, "confirmation: stop a run once its config can no longer win (its cost "
+                             "passed the lowest median known so far; 2x that for an even seed count) and "
+                             "start no more runs of it: the same choice, the losers cost less "
+                             "(confirm.csv's stopped: cannot_win)")
     confirm_env_steps: int | None = doc(None, "confirmation: budget per run, env steps (a run stops at "
                                         "stop.episode_return); null: search.max_env_steps, phase 2's budget, so "
                                         "shrinking the search shrinks its confirmation too", min=1)

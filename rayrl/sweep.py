@@ -228,7 +228,9 @@ def confirmation(spec: Spec, paths: runtime.RunPaths, trials: list[dict]) -> tup
             "seeds_at_target": f"{chosen['reached']}/{chosen['runs']}"}
     summary = {"objective": s.objective, "seeds": sorted({int(r["seed"]) for r in runs}),
                "env_steps_budget": confirm_budget(s), "target_return": spec.stop.episode_return,
-               "chosen": chosen["candidate"], "candidates": [confirm.jsonable(c) for c in table]}
+               "chosen": chosen["candidate"], "race": s.confirm_race,
+               "runs_cut_by_race": sum(r.get("stopped") == "cannot_win" for r in runs),
+               "candidates": [confirm.jsonable(c) for c in table]}
     why = (f"has the lowest median {s.objective} to the target, {chosen['median']:.4g} (IQM {chosen['iqm']:.4g}, "
            f"95% interval {chosen['ci_low']:.4g}..{chosen['ci_high']:.4g})" if math.isfinite(chosen["median"]) else
            f"wins on median return ({chosen['median_return']:.1f}): no candidate reached the target on most seeds")
@@ -241,11 +243,12 @@ def confirmation(spec: Spec, paths: runtime.RunPaths, trials: list[dict]) -> tup
 
 
 def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], seeds: list[int]) -> list[dict]:
-    """Every candidate on every seed, one Tune experiment (confirm/) whose trials stop at the target
-    or the budget; returns confirm.csv's rows."""
+    """Every candidate on every seed, one Tune experiment (confirm/) whose trials stop at the target, the
+    budget or (search.confirm_race) once their config cannot win; returns confirm.csv's rows."""
     from ray import tune
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
+    from rayrl.confirm_stop import ConfirmStopper
     from rayrl.cost import trial_cost, trial_resources
     from rayrl.progress import config_batch_lr
     from rayrl.train import make_tuner
@@ -260,10 +263,13 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
                                                                       a.minibatch_size)})
             plan.append((rank, c))
     print(f"[sweep] confirmation: {len(candidates)} configs x seeds {seeds}, up to {confirm_budget(s):,} env "
-          f"steps each, by median {s.objective} to return {spec.stop.episode_return}", flush=True)
-    stop = {keys.ENV_STEPS: confirm_budget(s)}
-    if spec.stop.episode_return is not None:
-        stop[keys.EPISODE_RETURN] = spec.stop.episode_return
+          f"steps each, by median {s.objective} to return {spec.stop.episode_return}"
+          f"{'; a run stops once its config cannot win' if s.confirm_race else ''}", flush=True)
+    held = trial_resources(spec.resources)
+    stop = ConfirmStopper([(rank, int(c["batch_size"]), p["lr"], p["seed"]) for (rank, c), p in zip(plan, points)],
+                          seeds, objective=s.objective, return_key=keys.return_key(spec.judged_by),
+                          target=spec.stop.episode_return, budget=confirm_budget(s), held=held, prices=spec.cost,
+                          race=s.confirm_race)
     concurrent, _ = _concurrent(spec)
     params = _base_params(spec)  # the varied keys as choices, so Tune sees each point as a valid pick
     params.update({k: tune.choice(sorted({p[k] for p in points})) for k in points[0]})
@@ -272,7 +278,7 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
                                                    num_samples=len(points), max_concurrent_trials=concurrent),
                        stop=stop, verbose_label="confirm")
     tuner.fit()
-    held, rows = trial_resources(spec.resources), []
+    rows = []
     for trial in _analysis(paths, "confirm").trials:
         batch, lr = config_batch_lr(trial.config)
         seed = int(trial.config.get("seed"))
@@ -283,11 +289,12 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
         ret, steps = keys.lookup(m, keys.return_key(spec.judged_by)), keys.lookup(m, keys.ENV_STEPS)
         wall = float(m.get(keys.TIME_TOTAL) or 0.0)
         ret = None if ret is None or not math.isfinite(ret) else float(ret)
+        reached = (trial.status != "ERROR" and ret is not None and spec.stop.episode_return is not None
+                   and ret >= spec.stop.episode_return)
         rows.append({"candidate": rank, "phase2_trial_id": c["trial_id"], "batch_size": batch, "lr": c["lr"],
                      "seed": seed, "trial_id": trial.trial_id, "env_steps": steps, "wall_s": round(wall, 3),
-                     "usd": trial_cost(held, wall, spec.cost), "episode_return_mean": ret,
-                     "reached": trial.status != "ERROR" and ret is not None and spec.stop.episode_return is not None
-                     and ret >= spec.stop.episode_return})
+                     "usd": trial_cost(held, wall, spec.cost), "episode_return_mean": ret, "reached": reached,
+                     "stopped": confirm.stop_reason(reached, trial.status == "ERROR", steps, confirm_budget(s))})
     return sorted(rows, key=lambda r: (r["candidate"], r["seed"]))
 
 
@@ -298,7 +305,7 @@ def read_confirm(path: Path) -> list[dict]:
         return [{**r, "candidate": int(r["candidate"]), "batch_size": int(r["batch_size"]), "lr": float(r["lr"]),
                  "seed": int(r["seed"]), "env_steps": num(r["env_steps"]), "wall_s": num(r["wall_s"]),
                  "usd": num(r["usd"]), "episode_return_mean": num(r["episode_return_mean"]),
-                 "reached": r["reached"] == "True"} for r in csv.DictReader(f)]
+                 "reached": r["reached"] == "True", "stopped": r.get("stopped") or ""} for r in csv.DictReader(f)]
 
 
 def _concurrent(spec: Spec) -> tuple[int, dict]:

@@ -169,3 +169,111 @@ def test_report_and_plot_show_every_seed_and_the_interval(tmp_path):
     data = (root / "plots" / "confirm.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and "(plots/confirm.png)" in text
     assert runfolder.load(root).confirm["reached"].sum() == 5
+
+
+def _race_choice(true: dict[tuple[int, int], float], seeds: list[int], step: float, race: bool) -> tuple[int, float]:
+    """Run every (candidate, seed) in candidate-major order, cost rising by ``step`` per result, to its true
+    cost (inf: never reaches; stops at a budget of 100 steps); returns (chosen candidate, total cost spent)."""
+    cands = sorted({c for c, _ in true})
+    r = confirm.Race(cands, seeds)
+    final: dict[tuple[int, int], float] = {}
+    spent = 0.0
+    for c in cands:
+        for s in seeds:
+            cost, target = 0.0, true[(c, s)]
+            while True:
+                cost += step
+                if cost >= target:
+                    final[(c, s)] = target
+                    r.finish(c, s, target)
+                    break
+                if cost >= 100 * step:
+                    final[(c, s)] = math.inf
+                    r.finish(c, s, math.inf)
+                    break
+                if race and r.should_stop(c, s, cost):
+                    final[(c, s)] = math.inf
+                    r.finish(c, s, math.inf)
+                    break
+            spent += min(cost, target)
+    medians = {c: float(np.median([final[(c, s)] for s in seeds])) for c in cands}
+    return min(cands, key=lambda c: (medians[c], c)), spent
+
+
+@pytest.mark.parametrize("n_seeds", [1, 2, 3, 4, 5])
+def test_the_race_chooses_what_the_full_confirmation_chooses_and_spends_less(n_seeds):
+    rng = np.random.default_rng(n_seeds)
+    seeds = [1000 * (i + 1) for i in range(n_seeds)]
+    saved = []
+    for _ in range(120):
+        k = int(rng.integers(2, 6))
+        true = {}
+        for c in range(1, k + 1):
+            scale = rng.uniform(10, 60)
+            for s in seeds:  # a run reaches at a noisy cost, or never (inf) one time in five
+                true[(c, s)] = math.inf if rng.random() < 0.2 else float(np.ceil(scale * rng.lognormal(0, 0.5)))
+        full, full_cost = _race_choice(true, seeds, 1.0, race=False)
+        raced, raced_cost = _race_choice(true, seeds, 1.0, race=True)
+        assert raced == full, (true, full, raced)
+        assert raced_cost <= full_cost
+        saved.append(1 - raced_cost / full_cost)
+    if n_seeds >= 2:
+        assert np.mean(saved) > 0.10  # the point of the race: the losers' runs are cut short
+
+
+def test_the_race_stops_a_run_past_the_best_median_and_skips_a_config_that_cannot_win():
+    r = confirm.Race([1, 2], [7, 8, 9])
+    for seed, cost in ((7, 10.0), (8, 20.0)):
+        assert not r.should_stop(1, seed, cost - 1)  # no median known yet: nothing stops
+        r.finish(1, seed, cost)
+    assert r.bound() == 20.0                 # the median of (10, 20, anything) is at most 20
+    assert not r.should_stop(1, 9, 19.0)
+    assert r.should_stop(1, 9, 20.5)         # censoring the best config's own worst run: its median stays 20
+    r.finish(1, 9, math.inf)
+    assert r.bound() == 20.0
+    assert not r.should_stop(2, 7, 20.0)   # at the bound, not past it: it could still tie
+    assert r.should_stop(2, 7, 20.5)       # past the best median: this run cannot be among its config's lower half
+    r.finish(2, 7, math.inf)
+    assert not r.should_stop(2, 8, 5.0)    # still possible: 5 and an unstarted run could make a median below 20
+    assert r.should_stop(2, 8, 21.0)
+    r.finish(2, 8, math.inf)
+    assert r.lowest_median(2) == math.inf
+    assert r.should_stop(2, 9, 0.5)        # two runs out: the config cannot win, its last run stops at once
+    # an even seed count: the median averages two runs, so a run stops only past twice the bound
+    e = confirm.Race([1, 2], [1, 2])
+    e.finish(1, 1, 10.0)
+    e.finish(1, 2, 30.0)
+    assert e.bound() == 20.0
+    assert not e.should_stop(2, 1, 39.0)
+    assert e.should_stop(2, 1, 40.5)
+
+
+def test_confirm_stopper_stops_at_target_budget_and_race_and_names_why():
+    from rayrl.confirm_stop import ConfirmStopper
+    from rayrl.cost import trial_resources
+
+    points = [(1, 512, 3e-4, 11), (1, 512, 3e-4, 12), (1, 512, 3e-4, 13), (2, 1024, 1e-4, 11),
+              (2, 1024, 1e-4, 12), (2, 1024, 1e-4, 13)]
+    stop = ConfirmStopper(points, [11, 12, 13], objective="env_steps", return_key="rayrl/train_return", target=450.0,
+                          budget=10_000, held=trial_resources(S.ResourcesSpec()), prices=S.CostSpec())
+
+    def res(batch, lr, seed, steps, ret):
+        return {"num_env_steps_sampled_lifetime": steps, "rayrl": {"train_return": ret}, "time_total_s": 1.0,
+                "config": {"train_batch_size_per_learner": batch, "lr": lr, "seed": seed}}
+
+    assert not stop("a", res(512, 3e-4, 11, 1000, 200.0))
+    assert stop("a", res(512, 3e-4, 11, 2000, 460.0))            # target
+    assert stop("b", res(512, 3e-4, 12, 10_000, 300.0))          # budget
+    assert stop("c", res(512, 3e-4, 13, 3000, 451.0))
+    assert stop.race.bound() == 3000.0                            # median of (2000, 3000, inf)
+    assert not stop("d", res(1024, 1e-4, 11, 3000, 100.0))
+    assert stop("d", res(1024, 1e-4, 11, 4096, 100.0))            # past 3000: cannot win
+    assert confirm.stop_reason(False, False, 4096, 10_000) == "cannot_win"
+    assert confirm.stop_reason(False, False, 10_000, 10_000) == "budget"
+    assert confirm.stop_reason(True, False, 2000, 10_000) == "target"
+    assert confirm.stop_reason(False, True, 2000, 10_000) == "error"
+    off = ConfirmStopper(points, [11, 12, 13], objective="env_steps", return_key="rayrl/train_return", target=450.0,
+                         budget=10_000, held=trial_resources(S.ResourcesSpec()), prices=S.CostSpec(), race=False)
+    assert not off("d", res(1024, 1e-4, 11, 9000, 100.0)) and off("d", res(1024, 1e-4, 11, 10_000, 100.0))
+    with pytest.raises(KeyError, match="no planned run"):
+        stop("x", res(2048, 1e-4, 11, 100, 1.0))

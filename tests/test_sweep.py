@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from rayrl import spec as S
+from rayrl import confirm, spec as S
 from rayrl import sweep
 
 from conftest import RAY, ROOT, ray_head, submit_job, subprocess_env
@@ -158,7 +158,15 @@ def check_confirmation(run: Path, spec: S.Spec, trials: pd.DataFrame, summary: d
     assert (runs.groupby("candidate")["seed"].nunique() == s.confirm_seeds).all()
     target = spec.stop.episode_return
     assert (runs["reached"] == (runs["episode_return_mean"] >= target)).all()
-    assert (runs["env_steps"] <= (s.confirm_env_steps or s.max_env_steps) + 4 * runs["batch_size"]).all()
+    budget = s.confirm_env_steps or s.max_env_steps
+    assert (runs["env_steps"] <= budget + 4 * runs["batch_size"]).all()
+    # why each run ended: at the target, the budget, or the race (its config could no longer win)
+    assert set(runs["stopped"]) <= set(confirm.STOP_REASONS)
+    assert ((runs["stopped"] == "target") == runs["reached"]).all()
+    assert (runs.loc[runs["stopped"] == "budget", "env_steps"] >= budget).all()
+    assert (runs.loc[runs["stopped"] == "cannot_win", "env_steps"] < budget).all()
+    assert summary["confirm"]["runs_cut_by_race"] == int((runs["stopped"] == "cannot_win").sum())
+    assert summary["confirm"]["race"] == s.confirm_race
     costs = runs[s.objective].where(runs["reached"], float("inf"))
     med = runs.assign(cost=costs).groupby("candidate").agg(cost=("cost", "median"),
                                                            ret=("episode_return_mean", "median"))

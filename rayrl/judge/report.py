@@ -151,7 +151,9 @@ def confirmation_section(run: RunFolder) -> list[str]:
     out += [f"Phase 2's top {len(c['candidates'])} configs, each re-run on seeds {c['seeds']} (never used in "
             f"phase 1 or 2) for up to {_fmt(c.get('env_steps_budget'), ',.0f')} env steps. The shipped config "
             f"has the lowest median {unit} to return {_fmt(c.get('target_return'), 'g')}; a run that did not "
-            "reach it counts as infinite (shown as -). Interval: 95% percentile bootstrap of the median.", "",
+            "reach it counts as infinite (shown as -). Interval: 95% percentile bootstrap of the median. "
+            "\"cannot win\": the race stopped the run once its config could no longer beat the best median "
+            "(search.confirm_race), which leaves the choice unchanged.", "",
             _table([("**" + str(k["candidate"]) + "**" if k["candidate"] == c["chosen"] else k["candidate"],
                      k["phase2_trial_id"], k["batch_size"], _fmt(k["lr"], ".3g"), f"{k['reached']}/{k['runs']}",
                      _fmt(k["median"]), _fmt(k["iqm"]), f"{_fmt(k['ci_low'])} .. {_fmt(k['ci_high'])}",
@@ -159,10 +161,19 @@ def confirmation_section(run: RunFolder) -> list[str]:
                    ("candidate", "phase-2 trial", "batch", "lr", "at target", f"median {unit}", f"IQM {unit}",
                     "95% interval", "median return")), "",
             _table([(int(r.candidate), int(r.seed), r.trial_id, _fmt(r.env_steps, ",.0f"), _fmt(r.wall_s, ".1f"),
-                     _fmt(r.usd, ".4g"), _fmt(r.episode_return_mean, ".1f"), "yes" if r.reached else "no")
+                     _fmt(r.usd, ".4g"), _fmt(r.episode_return_mean, ".1f"), "yes" if r.reached else "no",
+                     _stopped(getattr(r, "stopped", None)))
                     for r in run.confirm.sort_values(["candidate", "seed"]).itertuples()],
-                   ("candidate", "seed", "trial", "env steps", "wall s", "USD", "return", "at target")), ""]
+                   ("candidate", "seed", "trial", "env steps", "wall s", "USD", "return", "at target", "stopped")),
+            ""]
     return out
+
+
+def _stopped(reason: object) -> str:
+    """confirm.csv's ``stopped`` in words (empty in a folder written before the column existed)."""
+    if not isinstance(reason, str) or not reason:
+        return "-"
+    return reason.replace("_", " ")
 
 
 # ---------------------------------------------------------------------------------------------
