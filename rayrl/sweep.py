@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         "TPE over lr and the batch sizes up to the knee (and below the start, down to search.min_batch), by "
         "episode return; then the top search.confirm_top_k configs and the spec's own batch and lr "
         "(search.confirm_baseline) run again on fresh seeds and the lowest median cost to the target "
-        "(search.objective) wins. Results: STORAGE/NAME/ (doubling.csv, trials.csv, "
+        "(search.objective) wins; a run stops once its config can no longer win (search.confirm_race). Results: STORAGE/NAME/ (doubling.csv, trials.csv, "
         "confirm.csv, best_config.yaml, summary.json). The same command again resumes."))
     add_run_args(parser, default_config="experiments/configs/cartpole_ppo.yaml")
     parser.add_argument("--smoke", action="store_true", help="tiny budgets: the whole sweep, confirmation "
