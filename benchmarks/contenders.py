@@ -1,15 +1,35 @@
 """The contenders of the side-by-side benchmarks (throughput, time to reward), built one way each.
 
 * ``rllib_same_settings``: stock RLlib ``PPOConfig`` with exactly rayrl's spec settings (runners, envs,
-  batch, minibatch, epochs, lr, gamma, lambda, coefficients, clipping, network, seed) and nothing
-  of rayrl's: RLlib's learner, RLlib's SingleAgentEnvRunner, no callback.
+  batch, minibatch, epochs, lr, gamma, lambda, coefficients, clipping, network incl. ``free_log_std``,
+  observation normalisation, evaluation, seed) and nothing of rayrl's: RLlib's learner, RLlib's
+  SingleAgentEnvRunner, no callback. ``model.normalize_obs`` is RLlib's own ``MeanStdFilter``
+  env-to-module connector piece (what ``rayrl.algo.build_config`` adds); the spec's ``evaluation``
+  section is RLlib's ``config.evaluation`` with the same interval, episodes, runners and
+  determinism, so both contenders pay the same evaluation cost in their wall time.
 * ``rllib_tuned_example``: RLlib's ``rllib/tuned_examples/ppo/cartpole_ppo.py`` (a 32-unit linear
   network sharing value layers, lr 3e-4, 6 epochs, vf coeff 0.01, KL loss; RLlib's defaults
   otherwise: 2 runners x 1 env, batch 4000, minibatch 128), without its parallel evaluation runner
-  (every contender is judged on its training return).
-* ``sb3_zoo``: Stable-Baselines3 PPO with RL Zoo's tuned CartPole-v1 hyperparameters (8 envs,
-  n_steps 32, batch 256, 20 epochs, gamma 0.98, gae_lambda 0.8, lr and clip range linear from 1e-3
-  and 0.2 over Zoo's 1e5 steps); needs the ``bench`` extra.
+  (every contender is judged on its training return). CartPole-v1 only: RLlib 2.60's wheel ships no
+  ``tuned_examples`` at all, and the repository's only new-stack MuJoCo PPO script
+  (``benchmark_ppo_mujoco.py``: 32 runners, a GPU learner, all MuJoCo envs at once) is a cluster
+  benchmark, not a tuned example this machine can run; its old ``hopper-ppo.yaml`` is old-stack.
+* ``sb3_zoo``: Stable-Baselines3 PPO with RL Zoo's tuned hyperparameters (``ZOO``); needs the
+  ``bench`` extra.
+
+  - CartPole-v1: 8 envs, n_steps 32, batch 256, 20 epochs, gamma 0.98, gae_lambda 0.8, lr and clip
+    range linear from 1e-3 and 0.2 over Zoo's 1e5 steps.
+  - Hopper-v4/v5: RL Zoo ``hyperparams/ppo.yml``, entry ``Hopper-v4`` (DLR-RM/rl-baselines3-zoo,
+    e.g. commit 208b6fd; the same values as its older ``Hopper-v3`` entry): normalize: true,
+    n_envs 1, n_timesteps 1e6, batch_size 32, n_steps 512, gamma 0.999, learning_rate 9.80828e-05,
+    ent_coef 0.00229519, clip_range 0.2, n_epochs 5, gae_lambda 0.99, max_grad_norm 0.7, vf_coef
+    0.835671, policy_kwargs log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU,
+    net_arch=dict(pi=[256, 256], vf=[256, 256]). Zoo's ``normalize: true`` is ``VecNormalize`` with
+    its defaults (observations *and* rewards normalised, clip 10) and, as Zoo's ExperimentManager
+    does, VecNormalize's gamma set to the algorithm's (0.999). No schedules. SB3's ``Monitor``
+    (added by ``make_vec_env`` under the VecNormalize) records raw episode returns, so
+    ``ep_info_buffer`` and every figure here are unnormalised returns. Hopper-v5 has Hopper-v4's
+    observation and action spaces and default reward; Zoo's entry was tuned on v3/v4.
 * ``rayrl`` / ``rayrl_fast``: rayrl's spec through ``rayrl.algo.build_config`` with
   ``env.runner`` rllib / fast.
 """
@@ -20,6 +40,10 @@ import time
 from typing import Any, Callable
 
 ZOO_TIMESTEPS = 100_000  #: RL Zoo's n_timesteps for CartPole-v1: the horizon of its linear schedules
+#: RL Zoo's n_timesteps per env id: the horizon ``model.learn`` is given (its schedules' end, if any).
+ZOO_N_TIMESTEPS = {"CartPole-v1": ZOO_TIMESTEPS, "Hopper-v4": 1_000_000, "Hopper-v5": 1_000_000}
+SB3_ZOO_ENVS = tuple(ZOO_N_TIMESTEPS)  #: env ids sb3_zoo has RL Zoo's tuned hyperparameters for
+TUNED_EXAMPLE_ENVS = ("CartPole-v1",)  #: env ids RLlib has a tuned PPO example for (see the docstring)
 
 
 def rllib_same_settings(spec: Any, seed: int | None = None) -> Any:
@@ -28,18 +52,39 @@ def rllib_same_settings(spec: Any, seed: int | None = None) -> Any:
     from rayrl.models import model_config
 
     a, r = spec.algo, spec.resources
-    return (PPOConfig().environment(spec.env.id, env_config=dict(spec.env.config))
-            .env_runners(num_env_runners=r.env_runners, num_envs_per_env_runner=spec.env.envs_per_runner)
-            .training(lr=a.lr, gamma=a.gamma, lambda_=a.gae_lambda,
-                      train_batch_size_per_learner=a.train_batch_per_learner,
-                      minibatch_size=a.minibatch_size, num_epochs=a.epochs, entropy_coeff=a.entropy_coeff,
-                      vf_loss_coeff=a.vf_loss_coeff, grad_clip=a.grad_clip or None)
-            .rl_module(model_config=model_config(spec.model))   # the same network rayrl builds
-            .debugging(seed=spec.seed if seed is None else seed, log_level="ERROR")
-            .reporting(metrics_num_episodes_for_smoothing=20))
+    config = (PPOConfig().environment(spec.env.id, env_config=dict(spec.env.config))
+              .env_runners(num_env_runners=r.env_runners, num_envs_per_env_runner=spec.env.envs_per_runner,
+                           num_cpus_per_env_runner=r.cpus_per_env_runner)
+              .training(lr=spec.effective_lr, gamma=a.gamma, lambda_=a.gae_lambda,
+                        train_batch_size_per_learner=a.train_batch_per_learner,
+                        minibatch_size=a.minibatch_size, num_epochs=a.epochs, entropy_coeff=a.entropy_coeff,
+                        vf_loss_coeff=a.vf_loss_coeff, grad_clip=a.grad_clip or None)
+              # The same network rayrl builds: hidden, activation, vf_share_layers, free_log_std, ...
+              .rl_module(model_config=model_config(spec.model))
+              .debugging(seed=spec.seed if seed is None else seed, log_level="ERROR")
+              .reporting(metrics_num_episodes_for_smoothing=20))
+    if spec.model.normalize_obs:
+        # RLlib's own running mean/std filter, the piece rayrl.algo.build_config adds for normalize_obs.
+        config.env_runners(env_to_module_connector=mean_std_filter)
+    if spec.evaluation.interval > 0:
+        e = spec.evaluation
+        config.evaluation(evaluation_interval=e.interval, evaluation_duration=e.episodes,
+                          evaluation_duration_unit="episodes", evaluation_num_env_runners=e.env_runners,
+                          evaluation_config={"explore": not e.deterministic})
+    return config
+
+
+def mean_std_filter(env: Any = None, spaces: Any = None, device: Any = None) -> Any:
+    """RLlib's MeanStdFilter connector piece (a running mean/std of observations, merged across runners)."""
+    from ray.rllib.connectors.env_to_module.mean_std_filter import MeanStdFilter
+
+    return MeanStdFilter(multi_agent=False)
 
 
 def rllib_tuned_example(seed: int | None = None, env_id: str = "CartPole-v1") -> Any:
+    if env_id not in TUNED_EXAMPLE_ENVS:
+        raise ValueError(f"rllib_tuned_example: RLlib has a tuned PPO example for {', '.join(TUNED_EXAMPLE_ENVS)} "
+                         f"only, not {env_id!r}")
     from ray.rllib.algorithms.ppo import PPOConfig
 
     return (PPOConfig().environment(env_id)
@@ -57,25 +102,50 @@ def rayrl(spec: Any, runner: str, seed: int | None = None) -> Any:
 
 
 def sb3_zoo(seed: int, env_id: str = "CartPole-v1") -> Any:
-    """An SB3 PPO model with RL Zoo's CartPole-v1 hyperparameters (not yet trained)."""
+    """An SB3 PPO model with RL Zoo's tuned hyperparameters for ``env_id`` (not yet trained)."""
+    if env_id not in SB3_ZOO_ENVS:
+        raise ValueError(f"sb3_zoo: RL Zoo hyperparameters are wired here for {', '.join(SB3_ZOO_ENVS)} only, "
+                         f"not {env_id!r}")
     try:
         from stable_baselines3 import PPO
         from stable_baselines3.common.env_util import make_vec_env
+        from stable_baselines3.common.vec_env import VecNormalize
     except ImportError as exc:
         raise SystemExit(f"sb3_zoo needs stable-baselines3 ({exc}): pip install -e '.[bench]'") from None
 
     def linear(start: float) -> Callable[[float], float]:
         return lambda progress_remaining: progress_remaining * start
 
-    env = make_vec_env(env_id, n_envs=8, seed=seed)
-    return PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
-               learning_rate=linear(1e-3), clip_range=linear(0.2), seed=seed, device="cpu", verbose=0)
+    if env_id == "CartPole-v1":
+        env = make_vec_env(env_id, n_envs=8, seed=seed)
+        return PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+                   ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2), seed=seed, device="cpu",
+                   verbose=0)
+    import torch.nn as nn
+
+    # Hopper (RL Zoo hyperparams/ppo.yml, Hopper-v4): make_vec_env puts a Monitor (raw returns) under
+    # VecNormalize; Zoo's ExperimentManager passes the algorithm's gamma to VecNormalize.
+    gamma = 0.999
+    env = VecNormalize(make_vec_env(env_id, n_envs=1, seed=seed), gamma=gamma)
+    return PPO("MlpPolicy", env, n_steps=512, batch_size=32, gamma=gamma, learning_rate=9.80828e-05,
+               ent_coef=0.00229519, clip_range=0.2, n_epochs=5, gae_lambda=0.99, max_grad_norm=0.7,
+               vf_coef=0.835671,
+               policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU,
+                                  net_arch=dict(pi=[256, 256], vf=[256, 256])),
+               seed=seed, device="cpu", verbose=0)
+
+
+def zoo_timesteps(env_id: str) -> int:
+    """RL Zoo's n_timesteps for ``env_id``: the horizon ``model.learn`` gets when training to a target."""
+    return ZOO_N_TIMESTEPS[env_id]
 
 
 def sb3_learn(model: Any, env_steps: int, target: float | None = None, window: int = 20,
-              max_wall_s: float = float("inf")) -> dict[str, Any]:
+              max_wall_s: float = float("inf"), horizon: int = ZOO_TIMESTEPS,
+              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train ``model`` for ``env_steps`` more, or to a ``target`` mean return of the last ``window`` episodes
-    (then within Zoo's 1e5 steps, its schedules' horizon), or until ``max_wall_s``."""
+    (then within ``horizon``, Zoo's n_timesteps for the env: its schedules' horizon, if it has any), or
+    until ``max_wall_s``. ``progress`` gets the running figures after every rollout."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     out: dict[str, Any] = {"reached": False, "return": float("nan")}
@@ -91,8 +161,13 @@ def sb3_learn(model: Any, env_steps: int, target: float | None = None, window: i
                     return False
             return self.model.num_timesteps - first < env_steps and time.perf_counter() - start < max_wall_s
 
-    # To a target: Zoo's own horizon (its linear schedules end at 1e5 steps, which also caps the run).
-    model.learn(total_timesteps=ZOO_TIMESTEPS if target is not None else env_steps,
+        def _on_rollout_end(self) -> None:
+            if progress is not None:
+                progress({"wall_s": time.perf_counter() - start, "env_steps": float(self.model.num_timesteps - first),
+                          "return": out["return"]})
+
+    # To a target: Zoo's own horizon (e.g. CartPole's linear schedules end at 1e5 steps, which also caps the run).
+    model.learn(total_timesteps=horizon if target is not None else env_steps,
                 callback=Stop(), reset_num_timesteps=False)
     out["wall_s"] = time.perf_counter() - start
     out["env_steps"] = float(model.num_timesteps - first)

@@ -243,6 +243,21 @@ def test_time_to_reward_quick_reaches_a_target_far_above_random_play(tmp_path):
 
 
 @pytest.mark.slow
+def test_time_to_reward_quick_on_hopper_runs_the_hopper_peers(tmp_path):
+    config = str(ROOT / "experiments" / "configs" / "mujoco_hopper_ppo.yaml")
+    report, printed = run_quick("time_to_reward", tmp_path / "ttr.json", "--config", config)
+    assert report["env_id"] == "Hopper-v5" and set(report["left_out"]) == {"rllib_tuned_example"}
+    assert "rllib_tuned_example left out on Hopper-v5" in printed
+    assert 10 < report["random_play_return"] < 30  # Hopper's random policy: ~17
+    assert report["target_return"] == 150.0
+    assert set(report["contenders"]) == {"sb3_zoo", "rllib_same_settings", "rayrl_default"}
+    for name, s in report["contenders"].items():
+        (run,) = s["runs"]
+        # Raw returns (SB3's Monitor sits under VecNormalize), reached inside the quick caps.
+        assert s["reached"] == 1 and run["return"] >= 150.0 and run["wall_s"] < 60, (name, run)
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("RAYRL_BENCH_TESTS") != "1",
                     reason="three sweeps, about 9 minutes on 2 cores (over its own 500 s timeout in this round's "
                            "suite run): set RAYRL_BENCH_TESTS=1 to include it")
@@ -323,3 +338,101 @@ def test_workloads_summary_skips_the_first_iteration_and_handles_missing_returns
     assert math.isnan(wl.summarize(rows[:1])["train_return_last"])
     with pytest.raises(ValueError, match="no history rows"):
         wl.summarize([])
+
+
+# ---- time to reward per env: peers, defaults, refusal (fast: no training) -----------------------
+
+HOPPER = ROOT / "experiments" / "configs" / "mujoco_hopper_ppo.yaml"
+
+
+def test_time_to_reward_peers_follow_the_env_of_the_config():
+    ttr = load("time_to_reward")
+    assert ttr.peers("CartPole-v1") == ["sb3_zoo", "rllib_same_settings", "rllib_tuned_example", "rayrl_default"]
+    assert ttr.peers("CartPole-v1", sweep=True) == list(ttr.CONTENDERS)
+    # Hopper: SB3 with Zoo's Hopper settings; RLlib ships no tuned Hopper example, so it is left out.
+    for hopper in ("Hopper-v5", "Hopper-v4"):
+        assert ttr.peers(hopper) == ["sb3_zoo", "rllib_same_settings", "rayrl_default"]
+        assert set(ttr.left_out(hopper)) == {"rllib_tuned_example"}
+        assert "no tuned PPO example for " + hopper in ttr.left_out(hopper)["rllib_tuned_example"]
+    assert ttr.peers("Pendulum-v1") == ["rllib_same_settings", "rayrl_default"]
+    assert set(ttr.left_out("Pendulum-v1")) == {"sb3_zoo", "rllib_tuned_example"}
+    assert ttr.left_out("CartPole-v1") == {}
+
+
+def test_time_to_reward_defaults_follow_the_env_and_cartpole_is_unchanged():
+    ttr = load("time_to_reward")
+    assert ttr.env_defaults("CartPole-v1", quick=False) == (450.0, 500_000, 200.0)
+    assert ttr.env_defaults("CartPole-v1", quick=True) == (150.0, 60_000, 60.0)
+    target, steps, wall = ttr.env_defaults("Hopper-v5", quick=False)
+    assert target == ttr.HOPPER_TARGET and (steps, wall) == (1_000_000, 300.0)
+    quick = ttr.env_defaults("Hopper-v5", quick=True)
+    assert quick == (ttr.HOPPER_QUICK_TARGET, 60_000, 60.0) and quick[0] < target
+    assert ttr.env_defaults("Pendulum-v1", quick=False) == (None, 1_000_000, 300.0)
+    # Through the flags: CartPole's full run as before; Hopper's from its config; flags still win.
+    args = ttr.parse([])
+    assert (args.env_id, args.target, args.max_env_steps, args.max_wall_s, args.seeds) == \
+        ("CartPole-v1", 450.0, 500_000, 200.0, 3)
+    assert args.left_out == {}
+    args = ttr.parse(["--config", str(HOPPER)])
+    assert args.env_id == "Hopper-v5" and args.contenders == ["sb3_zoo", "rllib_same_settings", "rayrl_default"]
+    assert (args.target, args.max_env_steps, args.max_wall_s, args.seeds) == (ttr.HOPPER_TARGET, 1_000_000, 300.0, 3)
+    assert set(args.left_out) == {"rllib_tuned_example"}
+    args = ttr.parse(["--config", str(HOPPER), "--quick", "--max-wall-s", "0.5", "--target", "0"])
+    assert (args.target, args.max_env_steps, args.max_wall_s, args.seeds) == (0.0, 60_000, 0.5, 1)
+
+
+def test_time_to_reward_refuses_env_specific_contenders_on_other_envs(capsys):
+    ttr = load("time_to_reward")
+    for argv in (["--config", str(HOPPER), "--contenders", "rllib_tuned_example", "rayrl_default"],
+                 ["--set", "env.id=Pendulum-v1", "--target", "-200", "--contenders", "sb3_zoo"]):
+        with pytest.raises(SystemExit):
+            ttr.parse(argv)
+        err = capsys.readouterr().err
+        env = "Hopper-v5" if "--config" in argv else "Pendulum-v1"
+        assert f"cannot run on {env}" in err and "Supported: sb3_zoo on CartPole-v1, Hopper-v4, Hopper-v5" in err
+        assert "rllib_same_settings" in err
+    # Another env runs what follows the spec, and needs a target: none is guessed for it.
+    args = ttr.parse(["--set", "env.id=Pendulum-v1", "--target", "-200"])
+    assert args.contenders == ["rllib_same_settings", "rayrl_default"] and args.target == -200.0
+    assert set(args.left_out) == {"sb3_zoo", "rllib_tuned_example"}
+    with pytest.raises(SystemExit):
+        ttr.parse(["--set", "env.id=Pendulum-v1"])
+    assert "no default target return for Pendulum-v1" in capsys.readouterr().err
+    msg = ttr.refusal("Pendulum-v1", ["sb3_zoo", "rllib_tuned_example"])
+    assert "\n" not in msg and msg.count("Pendulum-v1") >= 3
+
+
+def test_contenders_refuse_envs_they_have_no_settings_for():
+    contenders = load("contenders")
+    assert contenders.zoo_timesteps("CartPole-v1") == contenders.ZOO_TIMESTEPS == 100_000
+    assert contenders.zoo_timesteps("Hopper-v5") == 1_000_000
+    with pytest.raises(ValueError, match="Pendulum-v1"):
+        contenders.sb3_zoo(seed=0, env_id="Pendulum-v1")
+    with pytest.raises(ValueError, match="Hopper-v5"):
+        contenders.rllib_tuned_example(seed=0, env_id="Hopper-v5")
+
+
+def test_rllib_same_settings_reproduces_the_hopper_spec():
+    """Stock RLlib, nothing of rayrl's, yet the spec's settings: normalised obs, free log std, evaluation."""
+    contenders, common = load("contenders"), load("common")
+    spec = common.load_spec(HOPPER)
+    config = contenders.rllib_same_settings(spec, seed=7)
+    a = spec.algo
+    assert (config.lr, config.gamma, config.lambda_, config.train_batch_size_per_learner, config.minibatch_size,
+            config.num_epochs, config.entropy_coeff, config.vf_loss_coeff, config.grad_clip) == \
+        (a.lr, a.gamma, a.gae_lambda, a.train_batch_per_learner, a.minibatch_size, a.epochs, a.entropy_coeff,
+         a.vf_loss_coeff, a.grad_clip)
+    assert config.env == "Hopper-v5" and config.seed == 7
+    assert (config.num_env_runners, config.num_envs_per_env_runner) == (1, 4)
+    m = config.model_config
+    assert m["fcnet_hiddens"] == [64, 64] and m["fcnet_activation"] == "tanh" and m["free_log_std"] is True
+    from ray.rllib.connectors.env_to_module.mean_std_filter import MeanStdFilter
+
+    assert isinstance(config._env_to_module_connector(None, None, None), MeanStdFilter)
+    assert (config.evaluation_interval, config.evaluation_duration, config.evaluation_num_env_runners) == (5, 5, 0)
+    assert config.evaluation_config == {"explore": False}
+    assert config.callbacks_class.__module__.startswith("ray.")  # no rayrl callback
+    # CartPole's spec has neither: no filter, no evaluation, as before.
+    cart = contenders.rllib_same_settings(common.load_spec(common.DEFAULT_CONFIG))
+    assert cart._env_to_module_connector is None and not cart.evaluation_interval
+    assert cart.model_config["free_log_std"] is False
