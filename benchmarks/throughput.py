@@ -1,18 +1,32 @@
-"""Env steps per second, side by side: the bare loop, sampling alone, and end to end (PPO, CartPole-v1).
+"""Env steps per second, side by side: the bare loop, sampling alone, and end to end (PPO, the env of --config).
 
 Three measurements in one run, each contender's order rotated round by round so load from other
-jobs on a shared machine hits all alike; figures are medians over every measured sample.
+jobs on a shared machine hits all alike; figures are medians over every measured sample. The env
+of ``--config`` (CartPole-v1 by default; e.g. Hopper-v5 with experiments/configs/mujoco_hopper_ppo.yaml)
+picks the peers, as in time_to_reward.py.
 
-* **the limit** (no Ray, no learning, one core): gymnasium's numpy-vectorised env stepped by the
-  forward pass of the same policy network and sampled actions: ``limit`` at rayrl's env count,
-  ``limit_best`` at the best of a few env counts.
+* **the limit** (no Ray, no learning, one core): gymnasium's vectorised env stepped by the forward
+  pass of the same policy network and sampled actions (Box actions unsquashed/clipped as the
+  runners do): ``limit`` at rayrl's env count, ``limit_best`` at the best of a few env counts. The
+  env is gymnasium's numpy-vectorised one where the env registers a vector entry point (CartPole),
+  else a SyncVectorEnv (MuJoCo); ``limit_vectorization_mode`` says which. No observation filter.
 * **sampling alone** (in-process, one core, the same config, weights and env): RLlib's
-  SingleAgentEnvRunner on the same numpy-vectorised env as the fast runner (``rllib_runner``),
-  on its default SyncVectorEnv (``rllib_runner_sync``), and rayrl's fast runner (``fast_runner``).
+  SingleAgentEnvRunner on the same env as the fast runner (``rllib_runner``: the numpy-vectorised
+  env, or a SyncVectorEnv where there is none), on its default SyncVectorEnv (``rllib_runner_sync``),
+  and rayrl's fast runner (``fast_runner``).
 * **end to end** (driver-timed ``train()``, or SB3's ``learn()``): the contenders of
-  ``contenders.py``: ``rllib_same_settings``, ``rllib_tuned_example``, ``sb3_zoo``, ``rayrl``
+  ``contenders.py``: ``rllib_same_settings``, ``rllib_tuned_example`` (CartPole-v1 only: RLlib ships
+  no tuned example for other envs; left out elsewhere, ``left_out`` says why, its figure is null),
+  ``sb3_zoo`` (RL Zoo's tuned settings for the env: CartPole-v1, Hopper-v4/v5), ``rayrl``
   (``env.runner: rllib``) and ``rayrl_fast`` (``env.runner: fast``). RLlib's tuned example and SB3
-  use their own settings: their ratios to rayrl compare settings, not platforms.
+  use their own settings: their ratios to rayrl compare settings, not platforms. A spec's
+  evaluation section (Hopper's) runs as configured, in rayrl's and rllib_same_settings' iterations alike.
+
+Whether rayrl's fast path actually runs is reported (``rayrl_fast_path``): the fast runner falls back
+to RLlib's own loop, e.g. when env-to-module connectors are set, and ``model.normalize_obs: true``
+adds RLlib's MeanStdFilter connector, so on the shipped Hopper config ``fast_runner`` and
+``rayrl_fast`` are RLlib's loop (``--set model.normalize_obs=false`` lifts that). A contender that
+raises is recorded under ``failed`` (its figures null) and the run goes on.
 
 rayrl's settings are the spec's (``--config``) at its batch, or at ``--batch``, or at the knee of a
 sweep's ladder (``--doubling``), or of a ladder run here as a sweep's phase 1 does (``--ladder``).
@@ -20,11 +34,14 @@ sweep's ladder (``--doubling``), or of a ladder run here as a sweep's phase 1 do
     python benchmarks/throughput.py --out throughput.json     # 3 rounds, about 5 minutes on 2 cores
     python benchmarks/throughput.py --quick                    # 1 round, short samples: a smoke test
     python benchmarks/throughput.py --ladder --out t.json      # the doubling ladder first (+3 minutes)
+    python benchmarks/throughput.py --config experiments/configs/mujoco_hopper_ppo.yaml --out t_hopper.json
+    python benchmarks/throughput.py --config experiments/configs/mujoco_hopper_ppo.yaml --set model.normalize_obs=false
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import time
@@ -36,23 +53,90 @@ if __package__ in (None, ""):
 
 import common as C  # noqa: E402
 import contenders as K  # noqa: E402
+import time_to_reward as T  # noqa: E402  (peers by env id: left_out)
 
 SAMPLING = ("rllib_runner", "rllib_runner_sync", "fast_runner")
 END_TO_END = ("rllib_same_settings", "rllib_tuned_example", "sb3_zoo", "rayrl", "rayrl_fast")
 GOALS = {"fast_over_rllib_runner": 2.0, "fast_over_limit": 0.70, "rayrl_fast_over_rllib_same_settings": 1.6}
 
 
-def rollout_limit(spec: Any, num_envs: int, seconds: float, seed: int = 0, chunk_s: float = 0.5) -> list[float]:
-    """Env steps/s of the numpy-vectorised env stepped by the policy's forward pass and the same action
-    sampling as the runners (RLlib's distribution class), nothing else; one core; one figure a chunk."""
+def end_to_end_peers(env_id: str, skip: list[str] | tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
+    """The end-to-end contenders run on ``env_id`` (in END_TO_END's order, minus ``--skip``) and those left out
+    there with why (time_to_reward's ``left_out``: sb3_zoo and rllib_tuned_example are env-specific)."""
+    why = {name: reason for name, reason in T.left_out(env_id).items() if name in END_TO_END}
+    return [c for c in END_TO_END if c not in why and c not in skip], why
+
+
+def vector_mode(env_id: str) -> str:
+    """gymnasium's vectorization mode for the bare loop: the env's numpy-vectorised implementation where it
+    registers one (the condition of rayrl.sampling.backends.gymnasium_vector, which the fast runner steps),
+    else ``sync`` (what the fast runner then leaves to RLlib: a SyncVectorEnv over gym.make; MuJoCo)."""
     import gymnasium as gym
+
+    if env_id in gym.registry and gym.spec(env_id).vector_entry_point is not None:
+        return "vector_entry_point"
+    return "sync"
+
+
+def env_actions(act_space: Any, normalize: bool, clip: bool) -> Callable[[Any], Any]:
+    """Sampled actions as the env takes them, as rayrl's fast runner (``_env_actions``) and RLlib's
+    NormalizeAndClipActions do: Box actions unsquashed (``normalize_actions``) or clipped (``clip_actions``)."""
+    from gymnasium import spaces
+    from ray.rllib.utils.spaces.space_utils import clip_action, unsquash_action
+
+    if isinstance(act_space, spaces.Box):
+        if normalize:
+            return lambda a: unsquash_action(a, act_space)
+        if clip:
+            return lambda a: clip_action(a, act_space)
+    return lambda a: a
+
+
+def fast_path(reason: str | None, normalize_obs: bool, error: str | None = None) -> dict[str, Any]:
+    """The report's ``rayrl_fast_path``: did the fast runner take its fast path (``fast_off_reason`` None), or
+    fall back to RLlib's loop, and why; ``error`` if its sampling raised."""
+    out: dict[str, Any] = {"active": reason is None, "fast_off_reason": reason, "error": error,
+                           "source": "FastEnvRunner.fast_off_reason of the in-process fast_runner, built from "
+                                     "rayrl_fast's config (the same config its env runners get)"}
+    if reason is None and error:
+        note = f"the fast path is taken (fast_off_reason is None) but its sampling raised: {error}"
+    elif reason is None:
+        note = "the fast path is active: fast_runner and rayrl_fast sample with rayrl's loop"
+    else:
+        note = (f"the fast path is OFF ({reason}): fast_runner and rayrl_fast sample with RLlib's own loop, so "
+                f"their speed-up over RLlib is ~1x by construction")
+        if normalize_obs and "connector" in reason:
+            note += ("; model.normalize_obs: true adds RLlib's MeanStdFilter env-to-module connector "
+                     "(--set model.normalize_obs=false runs the fast path)")
+        if error:
+            note += f"; its sampling raised: {error}"
+    out["note"] = note
+    return out
+
+
+def error_text(exc: BaseException, limit: int = 300) -> str:
+    """An exception in one line: its type and the last line of its message (Ray wraps remote errors)."""
+    lines = [x.strip() for x in str(exc).strip().splitlines() if x.strip()]
+    text = f"{type(exc).__name__}: {lines[-1] if lines else ''}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def rollout_limit(spec: Any, num_envs: int, seconds: float, seed: int = 0, chunk_s: float = 0.5) -> list[float]:
+    """Env steps/s of the vectorised env (``vector_mode``) stepped by the policy's forward pass and the same
+    action sampling as the runners (RLlib's distribution class, Box actions unsquashed/clipped), nothing else;
+    one core; one figure a chunk."""
+    import gymnasium as gym
+    import numpy as np
     import torch
 
-    env = gym.make_vec(spec.env.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **spec.env.config)
-    module = K.rayrl(spec, "rllib").get_rl_module_spec(
+    env = gym.make_vec(spec.env.id, num_envs=num_envs, vectorization_mode=vector_mode(spec.env.id),
+                       **spec.env.config)
+    config = K.rayrl(spec, "rllib")
+    module = config.get_rl_module_spec(
         spaces={"default_policy": (env.single_observation_space, env.single_action_space)}).build()
     module.eval()  # once: forward_exploration would switch modes twice a call
     dist_cls = module.get_exploration_action_dist_cls()
+    to_env = env_actions(env.single_action_space, config.normalize_actions, config.clip_actions)
     torch.manual_seed(seed)
     out: list[float] = []
     try:
@@ -62,9 +146,11 @@ def rollout_limit(spec: Any, num_envs: int, seconds: float, seed: int = 0, chunk
             steps, t0 = 0, time.perf_counter()
             while time.perf_counter() - t0 < chunk_s:
                 with torch.no_grad():
-                    logits = module._forward_exploration({"obs": torch.from_numpy(obs)})["action_dist_inputs"]
+                    # float32 as RLlib's tensors are (MuJoCo observations are float64; CartPole's are float32)
+                    batch = {"obs": torch.from_numpy(np.asarray(obs, dtype=np.float32))}
+                    logits = module._forward_exploration(batch)["action_dist_inputs"]
                     actions = dist_cls.from_logits(logits).sample().numpy()
-                obs, _, _, _, _ = env.step(actions)
+                obs, _, _, _, _ = env.step(to_env(actions))
                 steps += num_envs
             out.append(steps / (time.perf_counter() - t0))
     finally:
@@ -72,8 +158,16 @@ def rollout_limit(spec: Any, num_envs: int, seconds: float, seed: int = 0, chunk
     return out
 
 
+def sampling_modes(env_id: str) -> dict[str, str]:
+    """The vectorization mode of each sampling-alone runner: rllib_runner on the fast runner's env (the
+    numpy-vectorised one, or SyncVectorEnv where the env has none), rllib_runner_sync on RLlib's default."""
+    mode = vector_mode(env_id)
+    return {"rllib_runner": mode, "rllib_runner_sync": "sync", "fast_runner": mode}
+
+
 def sampling_runners(spec: Any) -> dict[str, Any]:
-    """RLlib's runner (numpy env and SyncVectorEnv) and the fast runner, in-process, equal weights."""
+    """RLlib's runner (the fast runner's env and SyncVectorEnv) and the fast runner, in-process, equal weights.
+    The fast runner's ``fast_off_reason`` says whether it samples with its fast path."""
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
     from rayrl.sampling.fast_runner import FastEnvRunner
@@ -82,7 +176,7 @@ def sampling_runners(spec: Any) -> dict[str, Any]:
         config = K.rayrl(spec, runner).env_runners(gym_env_vectorize_mode=mode)
         return cls(config=config, worker_index=1)
 
-    runners = {"rllib_runner": make(SingleAgentEnvRunner, "rllib", "vector_entry_point"),
+    runners = {"rllib_runner": make(SingleAgentEnvRunner, "rllib", vector_mode(spec.env.id)),
                "rllib_runner_sync": make(SingleAgentEnvRunner, "rllib", "sync"),
                "fast_runner": make(FastEnvRunner, "fast", "sync")}
     state = runners["rllib_runner"].module.get_state()
@@ -105,19 +199,31 @@ def sample_sps(env_runner: Any, steps: int, seconds: float) -> list[float]:
 def end_to_end(name: str, spec: Any, args: argparse.Namespace) -> tuple[list[float], dict]:
     """Per-iteration env steps/s of one contender (built, warmed up, timed, stopped)."""
     if name == "sb3_zoo":
-        model = K.sb3_zoo(seed=spec.seed)
-        chunk = 8 * 32 * 4  # 4 rollouts + updates a sample, about an RLlib iteration's work
-        K.sb3_learn(model, chunk * args.warmup)
+        env_id = spec.env.id
+        model = K.sb3_zoo(seed=spec.seed, env_id=env_id)
+        # 4 rollouts + updates a sample (CartPole: 8 envs x 32 steps x 4; Hopper: 1 x 512 x 4)
+        chunk = model.n_envs * model.n_steps * 4
+        horizon = K.zoo_timesteps(env_id)
+        K.sb3_learn(model, chunk * args.warmup, horizon=horizon)
         sps = []
         for _ in range(args.iters):
-            r = K.sb3_learn(model, chunk)
+            r = K.sb3_learn(model, chunk, horizon=horizon)
             sps.append(r["env_steps"] / r["wall_s"])
         return sps, {}
     config = {"rllib_same_settings": lambda: K.rllib_same_settings(spec),
               "rllib_tuned_example": lambda: K.rllib_tuned_example(seed=spec.seed),
               "rayrl": lambda: K.rayrl(spec, "rllib"), "rayrl_fast": lambda: K.rayrl(spec, "fast")}[name]()
     timed = C.run_iterations(config, warmup=args.warmup, iters=args.iters)
+    check_sampled(name, timed.sps)
     return timed.sps, timer_medians(timed.timers)
+
+
+def check_sampled(name: str, sps: list[float]) -> None:
+    """Raise when no timed iteration sampled an env step: RLlib takes a runner that raised out of service and
+    ``train()`` goes on with 0 env steps, which is a failure, not a figure of 0 env steps/s."""
+    if sps and not any(x > 0 for x in sps):
+        raise RuntimeError(f"{name}: 0 env steps in {len(sps)} timed iterations: its env runners failed (RLlib "
+                           f"took them out of service; their error is in the log above)")
 
 
 def timer_medians(timers: list[dict]) -> dict[str, float]:
@@ -125,13 +231,24 @@ def timer_medians(timers: list[dict]) -> dict[str, float]:
     return {n: C.median([t.get(n, float("nan")) for t in timers]) for n in names if timers}
 
 
-def rounds(names: tuple[str, ...], n: int, measure: Callable[[str, int], list[float]]) -> dict[str, list[list[float]]]:
-    """``n`` rounds of every contender, the order rotated each round; per contender, per round samples."""
+def rounds(names: tuple[str, ...], n: int, measure: Callable[[str, int], list[float]],
+           failed: dict[str, str] | None = None) -> dict[str, list[list[float]]]:
+    """``n`` rounds of every contender, the order rotated each round; per contender, per round samples.
+    With ``failed``, a contender that raises is recorded there (type and message) and not run again."""
     out: dict[str, list[list[float]]] = {c: [] for c in names}
     for rnd in range(n):
         k = rnd % len(names)
         for name in names[k:] + names[:k]:
-            sps = measure(name, rnd)
+            if failed is not None and name in failed:
+                continue
+            try:
+                sps = measure(name, rnd)
+            except Exception as exc:  # noqa: BLE001 - one contender's failure is a finding, not the run's end
+                if failed is None:
+                    raise
+                failed[name] = error_text(exc)
+                C.say(f"[round {rnd + 1}/{n}] {name:<20} FAILED: {failed[name]}")
+                continue
             out[name].append(sps)
             C.say(f"[round {rnd + 1}/{n}] {name:<20} {C.median(sps):>10,.0f} env steps/s ({len(sps)} samples)")
     return out
@@ -159,7 +276,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1 round, short samples: a smoke test")
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
-    p.add_argument("--config", type=Path, default=C.DEFAULT_CONFIG, help="rayrl spec (default: %(default)s)")
+    p.add_argument("--config", type=Path, default=C.DEFAULT_CONFIG, help="rayrl spec; its env id picks the peers "
+                   "(sb3_zoo: CartPole-v1, Hopper-v4/v5; rllib_tuned_example: CartPole-v1 only, left out elsewhere) "
+                   "(default: %(default)s)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
                    help="override a spec field, e.g. --set env.envs_per_runner=32")
     p.add_argument("--batch", type=int, help="rayrl's train batch (default: the spec's)")
@@ -170,7 +289,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, help="untimed end-to-end iterations after each build (default 1; quick 1)")
     p.add_argument("--iters", type=int, help="timed end-to-end iterations a round (default 4; quick 2)")
     p.add_argument("--limit-seconds", type=float, help="seconds of bare-loop stepping a round (default 3; quick 1)")
-    p.add_argument("--limit-envs", type=int, nargs="+", help="env counts tried for limit_best (default 8 32 128 512)")
+    p.add_argument("--limit-envs", type=int, nargs="+", help="env counts tried for limit_best (default 8 32 128 512; "
+                   "quick 8 64); a SyncVectorEnv where the env has no numpy-vectorised version (MuJoCo)")
     p.add_argument("--sample-seconds", type=float, help="seconds of runner sampling a round (default 4; quick 2)")
     p.add_argument("--skip", nargs="+", default=[], choices=END_TO_END, help="end-to-end contenders to leave out")
     C.add_torch_threads(p)
@@ -200,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = C.load_spec(args.config, args.overrides)
     started = time.monotonic()
     envs = spec.env.envs_per_runner
+    env_id = spec.env.id
+    peers, left_out = end_to_end_peers(env_id, args.skip)
+    for name, why in left_out.items():
+        C.say(f"{name} left out on {env_id}: {why}")
+    failed: dict[str, str] = {}
     with C.local_ray(torch_threads=args.torch_threads):
         spec, source, ladder = knee_spec(spec, args)
         C.say(f"rayrl's settings: batch {spec.algo.train_batch_per_learner} ({source}), {envs} envs a runner")
@@ -207,9 +332,12 @@ def main(argv: list[str] | None = None) -> int:
         limit = rounds(tuple(f"limit_{n}" for n in counts), args.rounds,
                        lambda name, rnd: rollout_limit(spec, int(name.split("_")[1]), args.limit_seconds, seed=rnd))
         runners = sampling_runners(spec)
+        fast_reason = runners["fast_runner"].fast_off_reason
+        C.say(f"rayrl fast runner on {env_id}: fast path "
+              + ("active" if fast_reason is None else f"OFF, RLlib's loop is used ({fast_reason})"))
         batch = spec.algo.train_batch_per_learner
         sampling = rounds(SAMPLING, args.rounds,
-                          lambda name, rnd: sample_sps(runners[name], batch, args.sample_seconds))
+                          lambda name, rnd: sample_sps(runners[name], batch, args.sample_seconds), failed)
         for r in runners.values():
             r.stop()
         timers: dict[str, dict] = {}
@@ -218,12 +346,19 @@ def main(argv: list[str] | None = None) -> int:
             sps, timers[name] = end_to_end(name, spec, args)
             return sps
 
-        e2e_runs = rounds(tuple(c for c in END_TO_END if c not in args.skip), args.rounds, e2e)
+        e2e_runs = rounds(tuple(peers), args.rounds, e2e, failed)
     report = figures(limit, sampling, e2e_runs, envs)
+    for name in left_out:
+        report[f"{name}_sps"] = None
     report.update({
+        "env_id": env_id, "left_out": left_out, "failed": failed,
+        "limit_vectorization_mode": vector_mode(env_id), "sampling_vectorization_modes": sampling_modes(env_id),
+        "rayrl_fast_path": fast_path(fast_reason, spec.model.normalize_obs,
+                                     failed.get("fast_runner") or failed.get("rayrl_fast")),
         "timers_median_s": timers, "knee_source": source, "ladder": ladder,
         "rayrl_spec": {"batch": batch, "minibatch": spec.algo.minibatch_size, "epochs": spec.algo.epochs,
-                       "env_runners": spec.resources.env_runners, "envs_per_runner": envs, "hidden": spec.model.hidden},
+                       "env_runners": spec.resources.env_runners, "envs_per_runner": envs, "hidden": spec.model.hidden,
+                       "normalize_obs": spec.model.normalize_obs, "evaluation_interval": spec.evaluation.interval},
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "machine": C.machine(), "wall_s": round(time.monotonic() - started, 1)})
     print_report(report)
@@ -265,7 +400,9 @@ def print_report(report: dict) -> None:
     rows = [[f"bare loop, {report['limit_envs']} envs", lim, 1.0, ""],
             [f"bare loop, best ({report['limit_best_envs']} envs)", report["limit_best_sps"],
              C.ratio(report["limit_best_sps"], lim), ""]]
-    labels = {"rllib_runner": "RLlib SingleAgentEnvRunner (same numpy env)",
+    same_env = "same numpy env" if report.get("limit_vectorization_mode", "vector_entry_point") == \
+        "vector_entry_point" else "same SyncVectorEnv"
+    labels = {"rllib_runner": f"RLlib SingleAgentEnvRunner ({same_env})",
               "rllib_runner_sync": "RLlib SingleAgentEnvRunner (SyncVectorEnv, its default)",
               "fast_runner": "rayrl fast runner", "rllib_same_settings": "stock RLlib, rayrl's settings",
               "rllib_tuned_example": "RLlib tuned example (its settings)", "sb3_zoo": "SB3 + RL Zoo (its settings)",
@@ -273,13 +410,25 @@ def print_report(report: dict) -> None:
     for name in (*SAMPLING, *END_TO_END):
         if f"{name}_sps" in report:
             kind = "sampling" if name in SAMPLING else "end to end"
-            rows.append([labels[name], report[f"{name}_sps"], C.ratio(report[f"{name}_sps"], lim), kind])
+            if name in report.get("left_out", {}):
+                kind = "left out"
+            elif name in report.get("failed", {}):
+                kind = "FAILED"
+            sps = report[f"{name}_sps"]
+            sps = float("nan") if sps is None else sps
+            rows.append([labels[name], sps, C.ratio(sps, lim), kind])
     C.say("\nenv steps/s (median over all samples of all rounds):")
     C.say(C.table(["contender", "env steps/s", "x bare loop", "what"], rows))
     for k, g in report["goals"].items():
         v = g["value"]
-        C.say(f"{k} = {v:.2f} (goal >= {g['goal']}: {'met' if g['met'] else 'MISSED'})" if v is not None
-              else f"{k}: not measured")
+        C.say(f"{k} = {v:.2f} (goal >= {g['goal']}: {'met' if g['met'] else 'MISSED'})"
+              if v is not None and math.isfinite(v) else f"{k}: not measured")
+    for name, why in report.get("left_out", {}).items():
+        C.say(f"{name}: left out on {report['env_id']}: {why}")
+    for name, why in report.get("failed", {}).items():
+        C.say(f"{name}: FAILED: {why}")
+    if "rayrl_fast_path" in report:
+        C.say(f"rayrl_fast / fast_runner on {report['env_id']}: {report['rayrl_fast_path']['note']}")
     C.say("fast / RLlib runner within each round: "
           + ", ".join(f"{x:.2f}" for x in report["round_ratios_fast_over_rllib_runner"]))
     m = report["machine"]

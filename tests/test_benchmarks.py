@@ -436,3 +436,82 @@ def test_rllib_same_settings_reproduces_the_hopper_spec():
     cart = contenders.rllib_same_settings(common.load_spec(common.DEFAULT_CONFIG))
     assert cart._env_to_module_connector is None and not cart.evaluation_interval
     assert cart.model_config["free_log_std"] is False
+
+
+# ---- throughput per env: peers, the bare loop's vector mode, the fast-path report (fast: no training) ---
+
+def test_throughput_peers_follow_the_env_and_cartpole_is_unchanged():
+    tp = load("throughput")
+    assert tp.end_to_end_peers("CartPole-v1") == (list(tp.END_TO_END), {})
+    assert tp.end_to_end_peers("CartPole-v1", ["sb3_zoo"])[0] == \
+        ["rllib_same_settings", "rllib_tuned_example", "rayrl", "rayrl_fast"]
+    for hopper in ("Hopper-v5", "Hopper-v4"):
+        peers, left_out = tp.end_to_end_peers(hopper)
+        assert peers == ["rllib_same_settings", "sb3_zoo", "rayrl", "rayrl_fast"]
+        assert set(left_out) == {"rllib_tuned_example"} and "no tuned PPO example for " + hopper in \
+            left_out["rllib_tuned_example"]
+    peers, left_out = tp.end_to_end_peers("Pendulum-v1", ["rayrl"])
+    assert peers == ["rllib_same_settings", "rayrl_fast"] and set(left_out) == {"sb3_zoo", "rllib_tuned_example"}
+
+
+def test_throughput_bare_loop_falls_back_to_sync_where_the_env_has_no_vector_entry_point():
+    tp = load("throughput")
+    from rayrl.sampling import backends
+
+    assert tp.vector_mode("CartPole-v1") == "vector_entry_point"
+    assert tp.vector_mode("Hopper-v5") == "sync" and tp.vector_mode("not-an-env-v0") == "sync"
+    # The same decision as the env the fast runner steps (its numpy env, or RLlib's SyncVectorEnv).
+    assert backends.gymnasium_vector("Hopper-v5", 2, {}) is None
+    assert tp.sampling_modes("Hopper-v5") == {"rllib_runner": "sync", "rllib_runner_sync": "sync",
+                                              "fast_runner": "sync"}
+    assert tp.sampling_modes("CartPole-v1")["rllib_runner"] == "vector_entry_point"
+
+
+def test_throughput_bare_loop_unsquashes_box_actions_as_the_runners_do():
+    import numpy as np
+    from gymnasium import spaces
+
+    tp = load("throughput")
+    box = spaces.Box(-2.0, 2.0, (3,), np.float32)
+    a = np.array([[-1.0, 0.0, 5.0]], np.float32)
+    assert np.allclose(tp.env_actions(box, normalize=True, clip=False)(a), [[-2.0, 0.0, 2.0]])  # [-1, 1] -> bounds
+    assert np.allclose(tp.env_actions(box, normalize=False, clip=True)(a), [[-1.0, 0.0, 2.0]])
+    assert tp.env_actions(box, normalize=False, clip=False)(a) is a
+    d = np.array([0, 1])
+    assert tp.env_actions(spaces.Discrete(2), normalize=True, clip=True)(d) is d
+
+
+def test_throughput_reports_whether_the_fast_path_was_active():
+    tp = load("throughput")
+    off = tp.fast_path("custom env-to-module / module-to-env connectors", normalize_obs=True)
+    assert off["active"] is False and off["fast_off_reason"].startswith("custom env-to-module")
+    assert "OFF" in off["note"] and "MeanStdFilter" in off["note"] and "normalize_obs=false" in off["note"]
+    on = tp.fast_path(None, normalize_obs=False)
+    assert on["active"] is True and on["fast_off_reason"] is None and on["error"] is None and "active" in on["note"]
+    broke = tp.fast_path(None, normalize_obs=False, error="RuntimeError: dtype")
+    assert broke["active"] is True and "raised: RuntimeError: dtype" in broke["note"]
+    # A run whose runners all failed sampled nothing: a failure, never a figure of 0 env steps/s.
+    tp.check_sampled("rayrl", [1.0, 0.0])
+    tp.check_sampled("rayrl", [])
+    with pytest.raises(RuntimeError, match="rayrl_fast: 0 env steps in 2 timed iterations"):
+        tp.check_sampled("rayrl_fast", [0.0, 0.0])
+    assert tp.error_text(RuntimeError("ray said\n  trace\nRuntimeError: mat1 and mat2")) == \
+        "RuntimeError: RuntimeError: mat1 and mat2"
+
+
+def test_throughput_rounds_record_a_failing_contender_and_go_on():
+    tp = load("throughput")
+    failed: dict = {}
+    calls = []
+
+    def measure(name, rnd):
+        calls.append(name)
+        if name == "bad":
+            raise RuntimeError("boom")
+        return [1.0]
+
+    out = tp.rounds(("good", "bad"), 2, measure, failed)
+    assert out == {"good": [[1.0], [1.0]], "bad": []} and failed == {"bad": "RuntimeError: boom"}
+    assert calls.count("bad") == 1  # not run again once it failed
+    with pytest.raises(RuntimeError):  # without a record, a failure ends the run as before
+        tp.rounds(("bad",), 1, measure)

@@ -152,6 +152,49 @@ def test_fast_runner_samples_exactly_what_rllibs_runner_samples():
             float(mb[key].peek() if hasattr(mb[key], "peek") else mb[key])), key
 
 
+def test_fast_runner_matches_rllib_on_mujoco_float64_observations_and_box_actions():
+    """Hopper: float64 observations (cast to float32 for the module, as RLlib's connectors do; episodes keep
+    float64) and a Gaussian policy over Box actions; both runners on SyncVectorEnv, the same seed."""
+    pytest.importorskip("mujoco", reason="MuJoCo comes with gymnasium[mujoco] (a core dependency)")
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+    from rayrl.sampling.fast_runner import FastEnvRunner
+
+    cfg = build_hopper()
+    ref = runner(SingleAgentEnvRunner, cfg)
+    fast = runner(FastEnvRunner, cfg)
+    assert fast.fast_off_reason is None
+    assert fast.env.single_observation_space.dtype == np.float64
+    fast.module.set_state(ref.module.get_state())
+    for it in range(2):
+        torch.manual_seed(it)
+        a = ref.sample(num_timesteps=256, explore=True)
+        torch.manual_seed(it)
+        b = fast.sample(num_timesteps=256, explore=True)
+        ka, kb = by_key(a), by_key(b)
+        assert sorted(ka) == sorted(kb), f"rollout {it}: different episodes"
+        for k, x in ka.items():
+            y = kb[k]
+            assert (x.is_terminated, x.is_truncated) == (y.is_terminated, y.is_truncated)
+            for get in ("get_observations", "get_actions", "get_rewards"):
+                np.testing.assert_allclose(getattr(x, get)(), getattr(y, get)(), rtol=0, atol=1e-5, err_msg=get)
+            np.testing.assert_allclose(x.get_extra_model_outputs("action_logp"),
+                                       y.get_extra_model_outputs("action_logp"), atol=1e-4)
+        assert sum(len(e) for e in b) == sum(len(e) for e in a) >= 256
+
+
+def build_hopper():
+    """The shipped Hopper config, short episodes, 2 envs, no obs filter (the filter is a connector: RLlib's loop)."""
+    from pathlib import Path
+
+    from rayrl.algo import build_config
+
+    torch.set_num_threads(1)
+    path = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "mujoco_hopper_ppo.yaml"
+    return build_config(spec_mod.load(path, ["env.envs_per_runner=2", "env.runner=fast", "model.normalize_obs=false",
+                                             "evaluation.interval=0", "env.config={max_episode_steps: 40}"]))
+
+
 def test_fast_runner_falls_back_to_rllib_for_what_it_does_not_handle():
     from ray.rllib.callbacks.callbacks import RLlibCallback
 

@@ -155,7 +155,7 @@ class FastEnvRunner(SingleAgentEnvRunner):
                         obs_buf, act_buf, logp_buf, dist_buf = _buffers(r)
                     obs_buf[t] = obs
                     r.times[t] = time.perf_counter()
-                    batch = {Columns.OBS: torch.from_numpy(obs_buf[t]).to(device)}
+                    batch = {Columns.OBS: obs_tensor(obs_buf[t], device)}
                     if explore:
                         out = module._forward_exploration(batch, t=t_global + ts * runners)
                     else:
@@ -195,7 +195,7 @@ class FastEnvRunner(SingleAgentEnvRunner):
             obs_space, act_space = self.env.single_observation_space, self.env.single_action_space
             with torch.no_grad():
                 probe = self.module.forward_inference(
-                    {Columns.OBS: torch.from_numpy(np.asarray(self._fast_obs)).to(self._device)})
+                    {Columns.OBS: obs_tensor(np.asarray(self._fast_obs), self._device)})
             dist_shape = tuple(probe[Columns.ACTION_DIST_INPUTS].shape[1:])
             discrete = isinstance(act_space, spaces.Discrete)
             self._rollout = episodes.Rollout(
@@ -214,6 +214,13 @@ class FastEnvRunner(SingleAgentEnvRunner):
             if self.config.clip_actions:
                 return lambda a: clip_action(a, act_space)
         return lambda a: a
+
+
+def obs_tensor(obs: np.ndarray, device: Any) -> torch.Tensor:
+    """Observations for the module, float64 as float32 (MuJoCo's Box is float64): what RLlib's
+    connectors hand it (convert_to_torch_tensor casts doubles to floats); episodes keep the env's dtype."""
+    x = torch.from_numpy(obs)
+    return (x.float() if x.dtype == torch.float64 else x).to(device)
 
 
 def _buffers(r: episodes.Rollout) -> tuple[np.ndarray, ...]:
