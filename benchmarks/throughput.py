@@ -23,10 +23,9 @@ picks the peers, as in time_to_reward.py.
   evaluation section (Hopper's) runs as configured, in rayrl's and rllib_same_settings' iterations alike.
 
 Whether rayrl's fast path actually runs is reported (``rayrl_fast_path``): the fast runner falls back
-to RLlib's own loop, e.g. when env-to-module connectors are set, and ``model.normalize_obs: true``
-adds RLlib's MeanStdFilter connector, so on the shipped Hopper config ``fast_runner`` and
-``rayrl_fast`` are RLlib's loop (``--set model.normalize_obs=false`` lifts that). A contender that
-raises is recorded under ``failed`` (its figures null) and the run goes on.
+to RLlib's own loop for what it does not handle (e.g. env-to-module connectors other than the single
+MeanStdFilter ``model.normalize_obs: true`` adds, which the fast loop applies itself). A contender
+that raises is recorded under ``failed`` (its figures null) and the run goes on.
 
 rayrl's settings are the spec's (``--config``) at its batch, or at ``--batch``, or at the knee of a
 sweep's ladder (``--doubling``), or of a ladder run here as a sweep's phase 1 does (``--ladder``).
@@ -106,8 +105,8 @@ def fast_path(reason: str | None, normalize_obs: bool, error: str | None = None)
         note = (f"the fast path is OFF ({reason}): fast_runner and rayrl_fast sample with RLlib's own loop, so "
                 f"their speed-up over RLlib is ~1x by construction")
         if normalize_obs and "connector" in reason:
-            note += ("; model.normalize_obs: true adds RLlib's MeanStdFilter env-to-module connector "
-                     "(--set model.normalize_obs=false runs the fast path)")
+            note += ("; the fast loop applies model.normalize_obs's MeanStdFilter itself, so another custom "
+                     "env-to-module connector is set")
         if error:
             note += f"; its sampling raised: {error}"
     out["note"] = note

@@ -152,15 +152,17 @@ def test_fast_runner_samples_exactly_what_rllibs_runner_samples():
             float(mb[key].peek() if hasattr(mb[key], "peek") else mb[key])), key
 
 
-def test_fast_runner_matches_rllib_on_mujoco_float64_observations_and_box_actions():
+@pytest.mark.parametrize("normalize_obs", [False, True])
+def test_fast_runner_matches_rllib_on_mujoco_float64_observations_and_box_actions(normalize_obs):
     """Hopper: float64 observations (cast to float32 for the module, as RLlib's connectors do; episodes keep
-    float64) and a Gaussian policy over Box actions; both runners on SyncVectorEnv, the same seed."""
+    float64) and a Gaussian policy over Box actions; both runners on SyncVectorEnv, the same seed. With
+    model.normalize_obs the fast loop applies RLlib's own MeanStdFilter piece: same episodes, same stats."""
     pytest.importorskip("mujoco", reason="MuJoCo comes with gymnasium[mujoco] (a core dependency)")
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
     from rayrl.sampling.fast_runner import FastEnvRunner
 
-    cfg = build_hopper()
+    cfg = build_hopper(normalize_obs)
     ref = runner(SingleAgentEnvRunner, cfg)
     fast = runner(FastEnvRunner, cfg)
     assert fast.fast_off_reason is None
@@ -181,17 +183,25 @@ def test_fast_runner_matches_rllib_on_mujoco_float64_observations_and_box_action
             np.testing.assert_allclose(x.get_extra_model_outputs("action_logp"),
                                        y.get_extra_model_outputs("action_logp"), atol=1e-4)
         assert sum(len(e) for e in b) == sum(len(e) for e in a) >= 256
+    if normalize_obs:  # the filter's running stats (what RLlib merges across runners and checkpoints)
+        fa = next(p for p in ref._env_to_module.connectors if type(p).__name__ == "MeanStdFilter")._filters[None]
+        fb = fast._obs_filter._filters[None]
+        assert fa.running_stats.n == fb.running_stats.n > 512
+        np.testing.assert_allclose(fa.running_stats.mean, fb.running_stats.mean, atol=1e-9)
+        np.testing.assert_allclose(fa.running_stats.std, fb.running_stats.std, atol=1e-9)
+        assert ref._env_to_module.get_state()["MeanStdFilter"][None]["running_stats"][0]["num_pushes"] == \
+            fast._env_to_module.get_state()["MeanStdFilter"][None]["running_stats"][0]["num_pushes"]
 
 
-def build_hopper():
-    """The shipped Hopper config, short episodes, 2 envs, no obs filter (the filter is a connector: RLlib's loop)."""
+def build_hopper(normalize_obs: bool):
+    """The shipped Hopper config, short episodes, 2 envs."""
     from pathlib import Path
 
     from rayrl.algo import build_config
 
     torch.set_num_threads(1)
     path = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "mujoco_hopper_ppo.yaml"
-    return build_config(spec_mod.load(path, ["env.envs_per_runner=2", "env.runner=fast", "model.normalize_obs=false",
+    return build_config(spec_mod.load(path, ["env.envs_per_runner=2", "env.runner=fast", f"model.normalize_obs={str(normalize_obs).lower()}",
                                              "evaluation.interval=0", "env.config={max_episode_steps: 40}"]))
 
 

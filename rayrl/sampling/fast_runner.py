@@ -54,6 +54,7 @@ class FastEnvRunner(SingleAgentEnvRunner):
         self._rollout: episodes.Rollout | None = None
         self._fast_ran = False
         super().__init__(config=config, **kwargs)
+        self._obs_filter, self._obs_filter_of = self._find_obs_filter(), getattr(self, "_env_to_module", None)
         self.fast_off_reason = self._why_not_fast()
         if self.fast_off_reason and self.env is not None:
             logger.warning("rayrl fast runner: RLlib's sampling loop is used: %s", self.fast_off_reason)
@@ -90,14 +91,48 @@ class FastEnvRunner(SingleAgentEnvRunner):
             return backends.EnvPoolVectorEnv(env_id, n, cfg, seed=seed)
         return backends.gymnasium_vector(env_id, n, cfg)
 
+    def _find_obs_filter(self) -> Any:
+        """The env-to-module pipeline's MeanStdFilter (``model.normalize_obs``) when it is the only custom
+        piece: the fast loop applies that very object (its running stats, RLlib's state sync and
+        checkpoints), observation by observation in env order, as RLlib's connector does."""
+        from ray.rllib.connectors.env_to_module.mean_std_filter import MeanStdFilter
+
+        factory = self.config._env_to_module_connector
+        if factory is None or getattr(self, "_env_to_module", None) is None or self.env is None:
+            return None
+        try:
+            made = factory(self.env, None, None)
+        except Exception:  # noqa: BLE001 - an unknown factory: RLlib's loop
+            return None
+        made = made if isinstance(made, (list, tuple)) else [made]
+        if len(made) != 1 or type(made[0]) is not MeanStdFilter:
+            return None
+        pieces = [p for p in self._env_to_module.connectors if type(p) is MeanStdFilter]
+        if len(pieces) != 1 or pieces[0]._multi_agent:
+            return None
+        return pieces[0]
+
+    def _filtered(self, obs: np.ndarray) -> np.ndarray:
+        """``obs`` through the MeanStdFilter, one env at a time (each pushed, then normalised, as RLlib's
+        connector does episode by episode), so the stats and values match RLlib's loop exactly."""
+        piece = self._obs_filter
+        if piece is None:
+            return obs
+        if piece._filters is None:
+            piece._init_new_filters()
+        flt, update = piece._filters[None], piece._update_stats
+        return np.stack([flt(o, update=update) for o in obs]).astype(obs.dtype, copy=False)
+
     def _why_not_fast(self) -> str | None:
         c = self.config
         if self.module is None:
             return "no RLModule"
         if self.module.is_stateful():
             return "the module is recurrent (stateful)"
-        if c._env_to_module_connector is not None or c._module_to_env_connector is not None:
-            return "custom env-to-module / module-to-env connectors"
+        if c._module_to_env_connector is not None:
+            return "custom module-to-env connectors"
+        if c._env_to_module_connector is not None and self._obs_filter is None:
+            return "custom env-to-module connectors (other than one MeanStdFilter)"
         for cb in self._callbacks:
             hooked = [h for h in EPISODE_HOOKS if getattr(type(cb), h) is not getattr(RLlibCallback, h)]
             if hooked:
@@ -126,10 +161,14 @@ class FastEnvRunner(SingleAgentEnvRunner):
         return self._fast_sample(num_timesteps, explore, force_reset)
 
     def _fast_sample(self, num_timesteps: int, explore: bool, force_reset: bool) -> list:
+        if self._obs_filter is not None and self._env_to_module is not self._obs_filter_of:
+            # RLlib rebuilt its env-to-module pipeline (a recreated env): filter with the new piece
+            self._obs_filter, self._obs_filter_of = self._find_obs_filter(), self._env_to_module
         venv = self.env.env if isinstance(self.env, DictInfoToList) else self.env
         n = self.num_envs
         if force_reset or self._fast_obs is None:
             obs, _ = venv.reset(seed=self._seed if self._needs_initial_reset else None)
+            obs = self._filtered(obs)
             self._needs_initial_reset = False
             self._fast_obs, self._carry = obs, [episodes.Carry() for _ in range(n)]
             self._ongoing_episodes_for_metrics.clear()
@@ -169,6 +208,7 @@ class FastEnvRunner(SingleAgentEnvRunner):
                     dist_buf[t] = inputs.cpu().numpy()
                     act_buf[t] = actions.cpu().numpy()
                     obs, rew, term, trunc, _ = venv.step(to_env(act_buf[t]))
+                    obs = self._filtered(obs)
                     r["rewards"][t], r["terminated"][t], r["truncated"][t] = rew, term, trunc
                     ts += n - int(prev_done.sum())  # an autoreset step is not an env step
                     prev_done = term | trunc
@@ -181,7 +221,8 @@ class FastEnvRunner(SingleAgentEnvRunner):
         r.times[t] = time.perf_counter()
         r["extra:" + WEIGHTS_SEQ_NO][:t] = self._weights_seq_no
         self._fast_obs = obs
-        done, ongoing = episodes.build(r, self._carry, self.env.single_observation_space, act_space)
+        obs_space = self.env.single_observation_space if self._obs_filter is None else self._obs_filter.observation_space
+        done, ongoing = episodes.build(r, self._carry, obs_space, act_space)
         self._done_episodes_for_metrics.extend(done)
         for ep in ongoing:
             self._ongoing_episodes_for_metrics[ep.id_].append(ep)
