@@ -29,8 +29,8 @@ SEED_STRIDE = 1000  #: confirmation seeds are phase seed + k x this: far from th
 CONFIRM_COLUMNS = ("candidate", "phase2_trial_id", "batch_size", "lr", "seed", "trial_id", "env_steps", "wall_s",
                    "usd", "episode_return_mean", "reached", "stopped")
 #: why a confirmation run ended (confirm.csv's ``stopped``): at the target, at the budget, stopped by the
-#: race (its config could no longer win), or errored
-STOP_REASONS = ("target", "budget", "cannot_win", "error")
+#: race (its outcome could no longer change the choice: past the best median so far), or errored
+STOP_REASONS = ("target", "budget", "race", "error")
 
 
 def rank(trials: Iterable[dict]) -> list[dict]:
@@ -149,7 +149,7 @@ def summarise(runs: Sequence[dict], objective: str, seed: int = 0) -> list[dict]
                     "batch_size": int(first["batch_size"]), "lr": float(first["lr"]),
                     "seeds": [int(r["seed"]) for r in rows], "costs": costs, "median": median(costs),
                     "iqm": iqm(costs), "ci_low": low, "ci_high": high, "reached": sum(bool(r["reached"]) for r in rows),
-                    "runs": len(rows), "cut_by_race": sum(r.get("stopped") == "cannot_win" for r in rows),
+                    "runs": len(rows), "cut_by_race": sum(r.get("stopped") == "race" for r in rows),
                     "median_return": median(returns) if returns else math.nan,
                     "median_env_steps": median([float(r["env_steps"]) for r in rows
                                                 if r.get("env_steps") is not None])})
@@ -208,7 +208,7 @@ def stop_reason(reached: bool, errored: bool, env_steps: float | None, budget: f
         return "target"
     if env_steps is not None and env_steps >= budget:
         return "budget"
-    return "cannot_win"
+    return "race"
 
 
 def choose(candidates: Sequence[dict]) -> dict | None:

@@ -64,9 +64,9 @@ class ConfirmStopper(Stopper):
             return True
         if self.race.should_stop(cand, seed, cost):
             bound = self.race.bound()
-            print(f"[sweep] confirmation: candidate {cand} seed {seed} stopped after {steps:,.0f} env steps "
-                  f"({self.objective} {cost:.6g}): its config can no longer beat a median {self.objective} of "
-                  f"{bound:.6g}", flush=True)
+            print(f"[sweep] confirmation: race: candidate {cand} seed {seed} stopped after {steps:,.0f} env steps "
+                  f"({self.objective} {cost:.6g}): past the best median so far ({bound:.6g}), it cannot change "
+                  f"the choice", flush=True)
             self.race.finish(cand, seed, math.inf)
             return True
         return False

@@ -194,7 +194,7 @@ class SearchSpec:
     confirm_race: bool = doc(True, "confirmation: stop a run once its config can no longer win (its cost "
                              "passed the lowest median known so far; 2x that for an even seed count) and "
                              "start no more runs of it: the same choice, the losers cost less "
-                             "(confirm.csv's stopped: cannot_win)")
+                             "(confirm.csv's stopped: race)")
     confirm_env_steps: int | None = doc(None, "confirmation: budget per run, env steps (a run stops at "
                                         "stop.episode_return); null: search.max_env_steps, phase 2's budget, so "
                                         "shrinking the search shrinks its confirmation too", min=1)

@@ -229,13 +229,15 @@ def confirmation(spec: Spec, paths: runtime.RunPaths, trials: list[dict]) -> tup
     summary = {"objective": s.objective, "seeds": sorted({int(r["seed"]) for r in runs}),
                "env_steps_budget": confirm_budget(s), "target_return": spec.stop.episode_return,
                "chosen": chosen["candidate"], "race": s.confirm_race,
-               "runs_cut_by_race": sum(r.get("stopped") == "cannot_win" for r in runs),
+               "runs_cut_by_race": sum(r.get("stopped") == "race" for r in runs),
                "candidates": [confirm.jsonable(c) for c in table]}
     why = (f"has the lowest median {s.objective} to the target, {chosen['median']:.4g} (IQM {chosen['iqm']:.4g}, "
            f"95% interval {chosen['ci_low']:.4g}..{chosen['ci_high']:.4g})" if math.isfinite(chosen["median"]) else
            f"wins on median return ({chosen['median_return']:.1f}): no candidate reached the target on most seeds")
     print(f"[sweep] confirmation: candidate {chosen['candidate']} (batch {chosen['batch_size']}, lr "
-          f"{chosen['lr']:.2e}) {why}; {chosen['reached']}/{chosen['runs']} seeds reached it", flush=True)
+          f"{chosen['lr']:.2e}) {why}; {chosen['reached']}/{chosen['runs']} seeds reached it"
+          + (f" ({chosen['cut_by_race']} stopped by the race above that median)" if chosen["cut_by_race"] else ""),
+          flush=True)
     if chosen["phase2_trial_id"] == confirm.BASELINE_ID:
         print("[sweep] confirmation: the spec's own batch and lr won; no searched config beat the starting point "
               "on fresh seeds, so best_config.yaml keeps them", flush=True)

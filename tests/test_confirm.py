@@ -268,7 +268,7 @@ def test_confirm_stopper_stops_at_target_budget_and_race_and_names_why():
     assert stop.race.bound() == 3000.0                            # median of (2000, 3000, inf)
     assert not stop("d", res(1024, 1e-4, 11, 3000, 100.0))
     assert stop("d", res(1024, 1e-4, 11, 4096, 100.0))            # past 3000: cannot win
-    assert confirm.stop_reason(False, False, 4096, 10_000) == "cannot_win"
+    assert confirm.stop_reason(False, False, 4096, 10_000) == "race"
     assert confirm.stop_reason(False, False, 10_000, 10_000) == "budget"
     assert confirm.stop_reason(True, False, 2000, 10_000) == "target"
     assert confirm.stop_reason(False, True, 2000, 10_000) == "error"

@@ -164,8 +164,8 @@ def check_confirmation(run: Path, spec: S.Spec, trials: pd.DataFrame, summary: d
     assert set(runs["stopped"]) <= set(confirm.STOP_REASONS)
     assert ((runs["stopped"] == "target") == runs["reached"]).all()
     assert (runs.loc[runs["stopped"] == "budget", "env_steps"] >= budget).all()
-    assert (runs.loc[runs["stopped"] == "cannot_win", "env_steps"] < budget).all()
-    assert summary["confirm"]["runs_cut_by_race"] == int((runs["stopped"] == "cannot_win").sum())
+    assert (runs.loc[runs["stopped"] == "race", "env_steps"] < budget).all()
+    assert summary["confirm"]["runs_cut_by_race"] == int((runs["stopped"] == "race").sum())
     assert summary["confirm"]["race"] == s.confirm_race
     costs = runs[s.objective].where(runs["reached"], float("inf"))
     med = runs.assign(cost=costs).groupby("candidate").agg(cost=("cost", "median"),

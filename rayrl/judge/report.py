@@ -152,8 +152,9 @@ def confirmation_section(run: RunFolder) -> list[str]:
             f"phase 1 or 2) for up to {_fmt(c.get('env_steps_budget'), ',.0f')} env steps. The shipped config "
             f"has the lowest median {unit} to return {_fmt(c.get('target_return'), 'g')}; a run that did not "
             "reach it counts as infinite (shown as -). Interval: 95% percentile bootstrap of the median. "
-            "\"cannot win\": the race stopped the run once its config could no longer beat the best median "
-            "(search.confirm_race), which leaves the choice unchanged.", "",
+            "\"race\": the race stopped the run once its cost passed the best median so far (search.confirm_race): "
+            "it could no longer change the choice, and counts as a miss, so a winner's IQM and interval are "
+            "upper-censored.", "",
             _table([("**" + str(k["candidate"]) + "**" if k["candidate"] == c["chosen"] else k["candidate"],
                      k["phase2_trial_id"], k["batch_size"], _fmt(k["lr"], ".3g"), f"{k['reached']}/{k['runs']}",
                      _fmt(k["median"]), _fmt(k["iqm"]), f"{_fmt(k['ci_low'])} .. {_fmt(k['ci_high'])}",
