@@ -106,6 +106,29 @@ def test_build_orders_done_episodes_by_when_they_ended():
 
 # ---- the runner against RLlib's, in-process ---------------------------------------------------------
 
+def paired_rollouts(ref, fast, rollouts: int, steps: int, atol: float, extras=("action_logp",), extra_atol=1e-6):
+    """Both runners from the same torch RNG stream: the same episodes (ends, observations, actions, rewards,
+    ``extras``); yields each rollout's (RLlib's, fast) episodes for further checks."""
+    for it in range(rollouts):
+        torch.manual_seed(it)
+        a = ref.sample(num_timesteps=steps, explore=True)
+        torch.manual_seed(it)
+        b = fast.sample(num_timesteps=steps, explore=True)
+        ka, kb = by_key(a), by_key(b)
+        assert sorted(ka) == sorted(kb), f"rollout {it}: different episodes"
+        for k, x in ka.items():
+            y = kb[k]
+            assert (x.is_terminated, x.is_truncated, x.t_started) == (y.is_terminated, y.is_truncated, y.t_started)
+            for get in ("get_observations", "get_actions", "get_rewards"):
+                np.testing.assert_allclose(getattr(x, get)(), getattr(y, get)(), rtol=0, atol=atol, err_msg=get)
+            for col in extras:
+                np.testing.assert_allclose(x.get_extra_model_outputs(col), y.get_extra_model_outputs(col),
+                                           atol=extra_atol, err_msg=col)
+        assert sum(len(e) for e in b) == sum(len(e) for e in a)
+        yield a, b
+
+
+
 def test_fast_runner_samples_exactly_what_rllibs_runner_samples():
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
@@ -120,21 +143,7 @@ def test_fast_runner_samples_exactly_what_rllibs_runner_samples():
     fast.module.set_state(ref.module.get_state())
     gae = gae_for(cfg, ref)
     terminated = truncated = cut = 0
-    for it in range(3):
-        torch.manual_seed(it)
-        a = ref.sample(num_timesteps=512, explore=True)
-        torch.manual_seed(it)
-        b = fast.sample(num_timesteps=512, explore=True)
-        ka, kb = by_key(a), by_key(b)
-        assert sorted(ka) == sorted(kb), f"rollout {it}: different episodes"
-        for k, x in ka.items():
-            y = kb[k]
-            assert (x.is_terminated, x.is_truncated, x.t_started) == (y.is_terminated, y.is_truncated, y.t_started)
-            for get in ("get_observations", "get_actions", "get_rewards"):
-                np.testing.assert_allclose(getattr(x, get)(), getattr(y, get)(), rtol=0, atol=1e-6, err_msg=get)
-            for col in ("action_logp", "action_dist_inputs", "weights_seq_no"):
-                np.testing.assert_allclose(x.get_extra_model_outputs(col), y.get_extra_model_outputs(col),
-                                           atol=1e-6, err_msg=col)
+    for a, b in paired_rollouts(ref, fast, 3, 512, 1e-6, ("action_logp", "action_dist_inputs", "weights_seq_no")):
         terminated += sum(e.is_terminated for e in b)
         truncated += sum(e.is_truncated for e in b)
         cut += sum(not e.is_done for e in b)
@@ -168,21 +177,8 @@ def test_fast_runner_matches_rllib_on_mujoco_float64_observations_and_box_action
     assert fast.fast_off_reason is None
     assert fast.env.single_observation_space.dtype == np.float64
     fast.module.set_state(ref.module.get_state())
-    for it in range(2):
-        torch.manual_seed(it)
-        a = ref.sample(num_timesteps=256, explore=True)
-        torch.manual_seed(it)
-        b = fast.sample(num_timesteps=256, explore=True)
-        ka, kb = by_key(a), by_key(b)
-        assert sorted(ka) == sorted(kb), f"rollout {it}: different episodes"
-        for k, x in ka.items():
-            y = kb[k]
-            assert (x.is_terminated, x.is_truncated) == (y.is_terminated, y.is_truncated)
-            for get in ("get_observations", "get_actions", "get_rewards"):
-                np.testing.assert_allclose(getattr(x, get)(), getattr(y, get)(), rtol=0, atol=1e-5, err_msg=get)
-            np.testing.assert_allclose(x.get_extra_model_outputs("action_logp"),
-                                       y.get_extra_model_outputs("action_logp"), atol=1e-4)
-        assert sum(len(e) for e in b) == sum(len(e) for e in a) >= 256
+    for a, b in paired_rollouts(ref, fast, 2, 256, 1e-5, extra_atol=1e-4):
+        assert sum(len(e) for e in b) >= 256
     if normalize_obs:  # the filter's running stats (what RLlib merges across runners and checkpoints)
         fa = next(p for p in ref._env_to_module.connectors if type(p).__name__ == "MeanStdFilter")._filters[None]
         fb = fast._obs_filter._filters[None]
