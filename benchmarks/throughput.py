@@ -57,6 +57,14 @@ import time_to_reward as T  # noqa: E402  (peers by env id: left_out)
 SAMPLING = ("rllib_runner", "rllib_runner_sync", "fast_runner")
 END_TO_END = ("rllib_same_settings", "rllib_tuned_example", "sb3_zoo", "rayrl", "rayrl_fast")
 GOALS = {"fast_over_rllib_runner": 2.0, "fast_over_limit": 0.70, "rayrl_fast_over_rllib_same_settings": 1.6}
+#: the issue's end-to-end goal on the MuJoCo config is lower (a MuJoCo step costs more, so sampling is less of it)
+E2E_GOAL_BY_ENV = {"Hopper-v5": 1.3, "Hopper-v4": 1.3}
+
+
+def goals_for(env_id: str) -> dict[str, float]:
+    """The goals for ``env_id``: CartPole's, with the end-to-end ratio lowered to 1.3 on MuJoCo."""
+    return {**GOALS, "rayrl_fast_over_rllib_same_settings": E2E_GOAL_BY_ENV.get(
+        env_id, GOALS["rayrl_fast_over_rllib_same_settings"])}
 
 
 def end_to_end_peers(env_id: str, skip: list[str] | tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
@@ -346,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             return sps
 
         e2e_runs = rounds(tuple(peers), args.rounds, e2e, failed)
-    report = figures(limit, sampling, e2e_runs, envs)
+    report = figures(limit, sampling, e2e_runs, envs, spec.env.id)
     for name in left_out:
         report[f"{name}_sps"] = None
     report.update({
@@ -365,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def figures(limit: dict, sampling: dict, e2e: dict, envs: int) -> dict[str, Any]:
+def figures(limit: dict, sampling: dict, e2e: dict, envs: int, env_id: str = "CartPole-v1") -> dict[str, Any]:
     """The JSON's figures: medians over all samples, ratios, goals; per-round medians kept."""
     med = {name: C.median([x for rnd in runs for x in rnd]) for name, runs in {**limit, **sampling, **e2e}.items()}
     best_name = max(limit, key=lambda n: med[n])
@@ -389,7 +397,7 @@ def figures(limit: dict, sampling: dict, e2e: dict, envs: int) -> dict[str, Any]
     out["round_ratios_fast_over_rllib_runner"] = [r(C.median(f), C.median(g)) for f, g in
                                                   zip(sampling["fast_runner"], sampling["rllib_runner"])]
     out["goals"] = {k: {"goal": g, "value": out.get(k), "met": bool(out.get(k) is not None and out[k] >= g)}
-                    for k, g in GOALS.items()}
+                    for k, g in goals_for(env_id).items()}
     out["round_medians"] = {name: [C.median(x) for x in runs] for name, runs in {**limit, **sampling, **e2e}.items()}
     return out
 

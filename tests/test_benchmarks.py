@@ -515,3 +515,11 @@ def test_throughput_rounds_record_a_failing_contender_and_go_on():
     assert calls.count("bad") == 1  # not run again once it failed
     with pytest.raises(RuntimeError):  # without a record, a failure ends the run as before
         tp.rounds(("bad",), 1, measure)
+
+
+def test_throughput_goals_follow_the_env_end_to_end_13x_on_mujoco():
+    tp = load("throughput")
+    assert tp.goals_for("CartPole-v1") == {"fast_over_rllib_runner": 2.0, "fast_over_limit": 0.70,
+                                           "rayrl_fast_over_rllib_same_settings": 1.6}
+    hop = tp.goals_for("Hopper-v5")
+    assert hop["rayrl_fast_over_rllib_same_settings"] == 1.3 and hop["fast_over_rllib_runner"] == 2.0
