@@ -51,7 +51,7 @@ class EnvSpec:
     envs_per_runner: int = doc(8, "vectorised envs stepped by each env runner", min=1)
     runner: str = doc("rllib", "env runner: rllib (RLlib's SingleAgentEnvRunner) or fast (rayrl.sampling's tight "
                       "loop for stateless policies, falling back to RLlib's loop for recurrent ones; opt-in: "
-                      "measured on CartPole only so far, see docs/sampling.md)", choices=RUNNERS)
+                      "measured on CartPole and Hopper, see docs/sampling.md)", choices=RUNNERS)
     backend: str = doc("gymnasium", "vectorised env of the fast runner: gymnasium (its numpy-vectorised version "
                        "when it has one) or envpool (needs the envpool package and an EnvPool id)",
                        choices=ENV_BACKENDS)
