@@ -178,8 +178,8 @@ class Race:
 
     def bound(self) -> float:
         """B: some candidate's median is at most this (infinite until one has enough finished runs)."""
-        return min((statistics.median([r[2] if r[1] else math.inf for r in runs.values()]) for runs in self.runs.values()),
-                   default=math.inf)
+        return min((statistics.median([r[2] if r[1] else math.inf for r in runs.values()])
+                    for runs in self.runs.values()), default=math.inf)
 
     def lowest_median(self, candidate: int) -> float:
         """The lowest median ``candidate`` can still end with."""

@@ -221,7 +221,8 @@ class FastEnvRunner(SingleAgentEnvRunner):
         r.times[t] = time.perf_counter()
         r["extra:" + WEIGHTS_SEQ_NO][:t] = self._weights_seq_no
         self._fast_obs = obs
-        obs_space = self.env.single_observation_space if self._obs_filter is None else self._obs_filter.observation_space
+        obs_space = (self.env.single_observation_space if self._obs_filter is None
+                     else self._obs_filter.observation_space)
         done, ongoing = episodes.build(r, self._carry, obs_space, act_space)
         self._done_episodes_for_metrics.extend(done)
         for ep in ongoing:
