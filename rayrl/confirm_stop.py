@@ -30,7 +30,8 @@ class ConfirmStopper(Stopper):
         self.objective, self.return_key, self.target, self.budget = objective, return_key, target, float(budget)
         self.held, self.prices = held, prices
 
-    def _which(self, config: dict) -> tuple[int, int]:
+    def which(self, config: dict) -> tuple[int, int]:
+        """(candidate rank, seed) of the planned run a trial's config is."""
         batch, lr = config_batch_lr(config)
         seed = int(config.get("seed"))
         for c, b, plr, s in self.points:
@@ -54,7 +55,7 @@ class ConfirmStopper(Stopper):
                    and float(ret) >= self.target)
         if self.race is None:
             return reached or steps >= self.budget
-        cand, seed = self._which(result.get("config") or {})
+        cand, seed = self.which(result.get("config") or {})
         cost = self.cost(result)
         if reached:
             self.race.finish(cand, seed, cost)

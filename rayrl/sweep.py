@@ -282,10 +282,9 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
     tuner.fit()
     rows = []
     for trial in _analysis(paths, "confirm").trials:
-        batch, lr = config_batch_lr(trial.config)
-        seed = int(trial.config.get("seed"))
-        rank, c = next((r, c) for (r, c), p in zip(plan, points) if p["train_batch_size_per_learner"] == batch and
-                       p["seed"] == seed and math.isclose(p["lr"], float(lr), rel_tol=1e-9))
+        batch, _ = config_batch_lr(trial.config)
+        rank, seed = stop.which(trial.config)
+        c = candidates[rank - 1]
         m = trial.last_result or {}
         # the judged return (evaluation when the spec judges by it), last known, as phase 2 and the stop use
         ret, steps = keys.lookup(m, keys.return_key(spec.judged_by)), keys.lookup(m, keys.ENV_STEPS)
