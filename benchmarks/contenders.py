@@ -46,6 +46,18 @@ SB3_ZOO_ENVS = tuple(ZOO_N_TIMESTEPS)  #: env ids sb3_zoo has RL Zoo's tuned hyp
 TUNED_EXAMPLE_ENVS = ("CartPole-v1",)  #: env ids RLlib has a tuned PPO example for (see the docstring)
 
 
+def left_out(env_id: str) -> dict[str, str]:
+    """The env-specific contenders that cannot run on ``env_id``, each with why."""
+    out = {}
+    if env_id not in SB3_ZOO_ENVS:
+        out["sb3_zoo"] = (f"RL Zoo's tuned hyperparameters are wired in benchmarks/contenders.py for "
+                          f"{', '.join(SB3_ZOO_ENVS)} only")
+    if env_id not in TUNED_EXAMPLE_ENVS:
+        out["rllib_tuned_example"] = (f"RLlib 2.60 ships no tuned PPO example for {env_id} (its wheel has no "
+                                      f"tuned_examples; the one wired here is CartPole-v1's cartpole_ppo.py)")
+    return out
+
+
 def rllib_same_settings(spec: Any, seed: int | None = None) -> Any:
     from ray.rllib.algorithms.ppo import PPOConfig
 

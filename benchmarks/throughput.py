@@ -52,7 +52,6 @@ if __package__ in (None, ""):
 
 import common as C  # noqa: E402
 import contenders as K  # noqa: E402
-import time_to_reward as T  # noqa: E402  (peers by env id: left_out)
 
 SAMPLING = ("rllib_runner", "rllib_runner_sync", "fast_runner")
 END_TO_END = ("rllib_same_settings", "rllib_tuned_example", "sb3_zoo", "rayrl", "rayrl_fast")
@@ -70,7 +69,7 @@ def goals_for(env_id: str) -> dict[str, float]:
 def end_to_end_peers(env_id: str, skip: list[str] | tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
     """The end-to-end contenders run on ``env_id`` (in END_TO_END's order, minus ``--skip``) and those left out
     there with why (time_to_reward's ``left_out``: sb3_zoo and rllib_tuned_example are env-specific)."""
-    why = {name: reason for name, reason in T.left_out(env_id).items() if name in END_TO_END}
+    why = {name: reason for name, reason in K.left_out(env_id).items() if name in END_TO_END}
     return [c for c in END_TO_END if c not in why and c not in skip], why
 
 

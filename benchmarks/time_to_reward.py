@@ -78,16 +78,7 @@ CONTENDERS = ("sb3_zoo", "rllib_same_settings", "rllib_tuned_example", "rayrl_de
 RUN = CONTENDERS[:-1]  #: the total is derived, not run
 
 
-def left_out(env_id: str) -> dict[str, str]:
-    """The env-specific contenders that cannot run on ``env_id``, each with why."""
-    out = {}
-    if env_id not in K.SB3_ZOO_ENVS:
-        out["sb3_zoo"] = (f"RL Zoo's tuned hyperparameters are wired in benchmarks/contenders.py for "
-                          f"{', '.join(K.SB3_ZOO_ENVS)} only")
-    if env_id not in K.TUNED_EXAMPLE_ENVS:
-        out["rllib_tuned_example"] = (f"RLlib 2.60 ships no tuned PPO example for {env_id} (its wheel has no "
-                                      f"tuned_examples; the one wired here is CartPole-v1's cartpole_ppo.py)")
-    return out
+left_out = K.left_out  #: the env-specific contenders that cannot run on an env, each with why
 
 
 def peers(env_id: str, sweep: bool = False) -> list[str]:
