@@ -12,9 +12,9 @@ reports per mode:
 - ``gap_s``: the wall time between consecutive results seen by the driver (train + save + Tune),
   median; the difference between the modes is what a user sees per iteration.
 
-    python benchmarks/checkpoint_stall.py                # 2 rounds, 10 iterations each
-    python benchmarks/checkpoint_stall.py --quick        # 1 round, 4 iterations
-    python benchmarks/checkpoint_stall.py --hidden 1024,1024 --out stall.json
+    python -m benchmarks.checkpoint_stall                # 2 rounds, 10 iterations each
+    python -m benchmarks.checkpoint_stall --quick        # 1 round, 4 iterations
+    python -m benchmarks.checkpoint_stall --hidden 1024,1024 --out stall.json
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common as C  # noqa: E402
+from benchmarks import common as C
 
 MODES = ("sync", "tiered")
 
@@ -61,8 +59,9 @@ def one_run(mode: str, storage: str, round_: int, args: argparse.Namespace, scra
     """One `rayrl train` trial in this process (Tune, the tiered trainable), checkpointing every iteration."""
     from ray import tune
 
-    from rayrl import keys, runtime
-    from rayrl.train import make_tuner
+    from rayrl.observe import keys
+    from rayrl import runtime
+    from rayrl.tune.tuner import make_tuner
 
     spec = C.load_spec(C.DEFAULT_CONFIG, [
         f"algo.train_batch_per_learner={args.batch}", f"algo.minibatch_size={min(args.batch, 256)}",

@@ -21,7 +21,6 @@ from typing import Any, Callable, Iterator, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "experiments" / "configs" / "cartpole_ppo.yaml"
-ENV_ID = "CartPole-v1"
 TARGET_RETURN = 450.0
 #: Episodes in the mean return that decides "reached the target", for every contender (rayrl's own).
 RETURN_WINDOW = 20
@@ -103,22 +102,21 @@ def quiet() -> None:
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Any:
     """A rayrl spec from YAML (a config or a sweep's best_config.yaml), with ``--set`` overrides."""
     from rayrl import spec as spec_mod
-
     return spec_mod.load(path, list(overrides))
 
 
 def spec_at_batch(spec: Any, batch: int) -> Any:
     """``spec`` at train batch ``batch``, the minibatch following it as in the sweep's ladder."""
-    from rayrl import spec as spec_mod, throughput
-
+    from rayrl import spec as spec_mod
+    from rayrl.sweep import ladder
     a = spec.algo
     return spec_mod.replace(spec, algo={
         "train_batch_per_learner": batch,
-        "minibatch_size": throughput.minibatch_for(batch, a.train_batch_per_learner, a.minibatch_size)})
+        "minibatch_size": ladder.minibatch_for(batch, a.train_batch_per_learner, a.minibatch_size)})
 
 
 def rayrl_config(spec: Any) -> Any:
-    from rayrl.algo import build_config
+    from rayrl.rllib.algo import build_config
 
     return build_config(spec)
 
@@ -127,7 +125,8 @@ def rayrl_config(spec: Any) -> Any:
 
 def read_knee(path: Path) -> tuple[int, list[dict]]:
     """The knee (and the ladder, if there) from a doubling.csv, a summary.json or a run folder."""
-    from rayrl import sweep, throughput
+    from rayrl import runfolder
+    from rayrl.runfolder import read_doubling
 
     if path.is_dir():
         path = path / "doubling.csv" if (path / "doubling.csv").exists() else path / "summary.json"
@@ -141,10 +140,10 @@ def read_knee(path: Path) -> tuple[int, list[dict]]:
         if not summary.get("knee_batch_size"):
             raise SystemExit(f"--doubling: {str(path)!r} has no knee_batch_size; is it a sweep's summary.json?")
         sibling = path.with_name("doubling.csv")
-        rows = ladder_dicts(sweep.read_doubling(sibling)) if sibling.exists() else []
+        rows = ladder_dicts(read_doubling(sibling)) if sibling.exists() else []
         return int(summary["knee_batch_size"]), rows
-    rows = sweep.read_doubling(path)
-    knee = throughput.knee(rows)
+    rows = read_doubling(path)
+    knee = runfolder.knee(rows)
     if knee is None:
         raise SystemExit(f"--doubling: {str(path)!r} has no knee (its first rung failed).")
     return knee, ladder_dicts(rows)
@@ -176,8 +175,7 @@ class Timed:
 def run_iterations(config: Any, warmup: int, iters: int,
                    on_result: Callable[[dict], None] | None = None) -> Timed:
     """Build ``config``, run ``warmup`` untimed then ``iters`` timed iterations, stop it."""
-    from rayrl import keys
-
+    from rayrl.observe import keys
     t0 = time.perf_counter()
     algo = config.build_algo()
     timed = Timed(build_s=time.perf_counter() - t0)

@@ -4,7 +4,7 @@
   batch, minibatch, epochs, lr, gamma, lambda, coefficients, clipping, network incl. ``free_log_std``,
   observation normalisation, evaluation, seed) and nothing of rayrl's: RLlib's learner, RLlib's
   SingleAgentEnvRunner, no callback. ``model.normalize_obs`` is RLlib's own ``MeanStdFilter``
-  env-to-module connector piece (what ``rayrl.algo.build_config`` adds); the spec's ``evaluation``
+  env-to-module connector piece (what ``rayrl.rllib.algo.build_config`` adds); the spec's ``evaluation``
   section is RLlib's ``config.evaluation`` with the same interval, episodes, runners and
   determinism, so both contenders pay the same evaluation cost in their wall time.
 * ``rllib_tuned_example``: RLlib's ``rllib/tuned_examples/ppo/cartpole_ppo.py`` (a 32-unit linear
@@ -30,7 +30,7 @@
     (added by ``make_vec_env`` under the VecNormalize) records raw episode returns, so
     ``ep_info_buffer`` and every figure here are unnormalised returns. Hopper-v5 has Hopper-v4's
     observation and action spaces and default reward; Zoo's entry was tuned on v3/v4.
-* ``rayrl`` / ``rayrl_fast``: rayrl's spec through ``rayrl.algo.build_config`` with
+* ``rayrl`` / ``rayrl_fast``: rayrl's spec through ``rayrl.rllib.algo.build_config`` with
   ``env.runner`` rllib / fast.
 """
 
@@ -61,7 +61,7 @@ def left_out(env_id: str) -> dict[str, str]:
 def rllib_same_settings(spec: Any, seed: int | None = None) -> Any:
     from ray.rllib.algorithms.ppo import PPOConfig
 
-    from rayrl.models import model_config
+    from rayrl.rllib.models import model_config
 
     a, r = spec.algo, spec.resources
     config = (PPOConfig().environment(spec.env.id, env_config=dict(spec.env.config))
@@ -76,7 +76,7 @@ def rllib_same_settings(spec: Any, seed: int | None = None) -> Any:
               .debugging(seed=spec.seed if seed is None else seed, log_level="ERROR")
               .reporting(metrics_num_episodes_for_smoothing=20))
     if spec.model.normalize_obs:
-        # RLlib's own running mean/std filter, the piece rayrl.algo.build_config adds for normalize_obs.
+        # RLlib's own running mean/std filter, the piece rayrl.rllib.algo.build_config adds for normalize_obs.
         config.env_runners(env_to_module_connector=mean_std_filter)
     if spec.evaluation.interval > 0:
         e = spec.evaluation
@@ -108,7 +108,7 @@ def rllib_tuned_example(seed: int | None = None, env_id: str = "CartPole-v1") ->
 
 def rayrl(spec: Any, runner: str, seed: int | None = None) -> Any:
     from rayrl import spec as spec_mod
-    from rayrl.algo import build_config
+    from rayrl.rllib.algo import build_config
 
     return build_config(spec_mod.replace(spec, env={"runner": runner}, **({} if seed is None else {"seed": seed})))
 

@@ -10,12 +10,12 @@ can, in a few minutes, and says per check "ok" or "FAIL" with the figure beside 
    their weights bit-identical, no non-finite step; learner samples/s and env steps/s measured.
 2. fp16 and bf16 learners on CUDA against fp32 (rayrl's learner, a fixed synthetic PPO batch, no Ray):
    samples/s, the fp16 dynamic loss scale (a finite power of two; none for bf16), non-finite steps.
-3. NVML sampling (rayrl.metrics.HardwareSampler, what every trial's results and gauges carry): GPU
+3. NVML sampling (rayrl.observe.hardware.HardwareSampler, what every trial's results and gauges carry): GPU
    utilisation idle and under a matmul load, GPU memory, all fractions in 0..1.
 
-    python benchmarks/gpu_check.py                  # on a GPU machine: about 2-4 minutes
-    python benchmarks/gpu_check.py --out gpu.json   # also the figures as JSON
-    python benchmarks/gpu_check.py --require-gpu    # exit 1 (not 0) where there is no CUDA device
+    python -m benchmarks.gpu_check                  # on a GPU machine: about 2-4 minutes
+    python -m benchmarks.gpu_check --out gpu.json   # also the figures as JSON
+    python -m benchmarks.gpu_check --require-gpu    # exit 1 (not 0) where there is no CUDA device
 
 Without a CUDA device it prints "gpu_check: no CUDA device: skipped" and exits 0 (1 with
 --require-gpu); the exit status is 1 when any check fails.
@@ -32,10 +32,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common as C  # noqa: E402
+from benchmarks import common as C
 
 MID = "default_policy"
 OK, FAIL = "ok", "FAIL"
@@ -127,7 +125,7 @@ def nvml_row(idle: dict[str, float], busy: dict[str, float], load_s: float) -> t
     ok = fractions and busy["gpu_util"] > 0 and busy["gpu_util"] >= idle["gpu_util"]
     measured = (f"GPU util {idle['gpu_util']:.2f} idle -> {busy['gpu_util']:.2f} busy; "
                 f"GPU memory {busy['gpu_mem_util']:.2f}")
-    return ("NVML sampling", f"rayrl.metrics.HardwareSampler, {load_s:g} s matmul load", measured,
+    return ("NVML sampling", f"rayrl.observe.hardware.HardwareSampler, {load_s:g} s matmul load", measured,
             OK if ok else FAIL)
 
 
@@ -160,8 +158,7 @@ def measure_precision(device: str, args: argparse.Namespace) -> dict[str, dict[s
                 torch.cuda.synchronize()
             if n >= args.warmup:
                 times[mode].append(time.perf_counter() - t0)
-    from rayrl import learner as L
-
+    from rayrl.rllib import learner as L
     out = {}
     for mode in modes:
         out[mode] = {"samples_per_s": args.batch * args.epochs / C.median(times[mode]),
@@ -174,12 +171,12 @@ def measure_precision(device: str, args: argparse.Namespace) -> dict[str, dict[s
 
 def check_nvml(load_s: float, load: Callable[[float], None] | None = None) -> tuple[dict, dict]:
     """rayrl's sampler idle, then over ``load_s`` seconds of ``load`` (default: fp16 matmuls on cuda:0)."""
-    from rayrl import metrics
+    from rayrl.observe.hardware import HardwareSampler
 
-    idle_sampler = metrics.HardwareSampler()
+    idle_sampler = HardwareSampler()
     time.sleep(0.5)
     idle = idle_sampler.sample()
-    busy_sampler = metrics.HardwareSampler()
+    busy_sampler = HardwareSampler()
     (load or _matmul_load)(load_s)
     return idle, busy_sampler.sample()
 
@@ -197,7 +194,7 @@ def _matmul_load(seconds: float) -> None:
 
 def run_learners(args: argparse.Namespace, learners: int) -> dict[str, Any]:
     """rayrl's PPO with ``learners`` GPU learners (Ray Train's Torch backend): the facts of a few iterations."""
-    from rayrl.algo import build_config
+    from rayrl.rllib.algo import build_config
     from rayrl.spec import from_dict
 
     spec = from_dict({"seed": 0, "env": {"envs_per_runner": 8},

@@ -10,9 +10,9 @@ machine hits all three alike. Two figures per precision: the median round and th
 (on a machine shared with other jobs the best round is the steadier estimate of what the
 hardware can do; the median says what a busy node delivers).
 
-    python benchmarks/precision.py                 # full run
-    python benchmarks/precision.py --quick         # smoke test, seconds
-    python benchmarks/precision.py --out precision.json
+    python -m benchmarks.precision                 # full run
+    python -m benchmarks.precision --quick         # smoke test, seconds
+    python -m benchmarks.precision --out precision.json
 """
 
 from __future__ import annotations
@@ -27,17 +27,15 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common as C  # noqa: E402
+from benchmarks import common as C
 
 MODES = ("fp32", "bf16", "fp16")
 
 
 def build_learner(mode: str, device: str, args: argparse.Namespace) -> Any:
     """rayrl's PPO learner for ``mode`` on ``device``, from a spec like any run's."""
-    from rayrl import algo
+    from rayrl.rllib import algo
     from rayrl.spec import from_dict
 
     spec = from_dict({

@@ -14,9 +14,9 @@ Three looks at the same config (rayrl's spec at ``--batch``, the knee):
    per-iteration overhead in the trial is the wall time between results minus RLlib's
    ``time_this_iter_s``; the driver-side figure is the time between results arriving.
 
-    python benchmarks/profile_iteration.py                   # full: batch 16384, about 1 minute
-    python benchmarks/profile_iteration.py --quick           # smoke test
-    python benchmarks/profile_iteration.py --doubling runs/cartpole-ppo/doubling.csv --out profile.json
+    python -m benchmarks.profile_iteration                   # full: batch 16384, about 1 minute
+    python -m benchmarks.profile_iteration --quick           # smoke test
+    python -m benchmarks.profile_iteration --doubling runs/cartpole-ppo/doubling.csv --out profile.json
 """
 
 from __future__ import annotations
@@ -30,10 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common as C  # noqa: E402
+from benchmarks import common as C
 
 #: phase -> (path fragment, function name) whose cumulative time is the phase's (the outermost
 #: match when several classes' methods match, e.g. a MultiRLModule calling its modules)
@@ -157,8 +155,9 @@ def profile_tune(spec: Any, iters: int) -> dict[str, Any]:
     """The same config as a one-trial Tune run: per-iteration wall in the trial and at the driver."""
     from ray.tune import Callback
 
-    from rayrl import keys, runtime
-    from rayrl.train import make_tuner
+    from rayrl.observe import keys
+    from rayrl import runtime
+    from rayrl.tune.tuner import make_tuner
 
     arrivals: list[float] = []
     results: list[dict] = []

@@ -10,7 +10,7 @@ measured in the driver (benchmarks/common.py). On a small shared machine the lea
 runners contend for the same cores, which the model does not know: the error column says how
 much that costs.
 
-    python benchmarks/scale_validation.py [--batch 1024] [--iters 5] [--out scale_validation.json]
+    python -m benchmarks.scale_validation [--batch 1024] [--iters 5] [--out scale_validation.json]
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common as C  # noqa: E402
+from benchmarks import common as C
 
 #: (learners, env runners). The 1/1 input is measured first and last (order effects: warm-up, the
 #: machine's load drifting); the model reads the mean of the two.

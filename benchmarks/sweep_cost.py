@@ -7,7 +7,7 @@ or the spec's ``stop.episode_return``, 450) and the same trial concurrency rule:
 * grid16: batch in {1024, 2048, 4096, 8192} x 4 learning rates drawn log-uniform from 1e-5..1e-3
   (one from each quarter of the log range, seeded: a plain draw of 4 can land all below 5e-5);
   every trial runs to the full budget (no early stopping). The minibatch follows the batch by
-  rayrl's own rule (``throughput.minibatch_for``, as in phase 2), so only the search differs.
+  rayrl's own rule (``ladder.minibatch_for``, as in phase 2), so only the search differs.
 * grid4: the guide's snippet read literally: one lr draw per batch (the same 4 lrs, shuffled).
 * rayrl: ``rayrl.sweep.run`` with ``search.max_env_steps`` = ``search.confirm_env_steps`` = the
   grid's budget: the doubling ladder, ASHA + Optuna TPE, then the confirmation runs (all count).
@@ -19,10 +19,10 @@ each search trial). Each repetition uses its own seed (training, lr draw, TPE) a
 the three searches rotates between repetitions; the headline figures are medians over them.
 Goals: rayrl's env steps to the target <= grid4's; rayrl's total <= 1/3 of grid16's total.
 
-    python benchmarks/sweep_cost.py                 # full: 3 x (grid16 + grid4 + rayrl), about 1.5 h on 2 cores
-    python benchmarks/sweep_cost.py --quick         # smoke test: 2x2 / 2x1 grids, tiny budget, target 40
-    python benchmarks/sweep_cost.py --budget 60000 --reps 1 --out sweep_cost.json
-    python benchmarks/sweep_cost.py --storage DIR --report-only   # figures again from a run's folders
+    python -m benchmarks.sweep_cost                 # full: 3 x (grid16 + grid4 + rayrl), about 1.5 h on 2 cores
+    python -m benchmarks.sweep_cost --quick         # smoke test: 2x2 / 2x1 grids, tiny budget, target 40
+    python -m benchmarks.sweep_cost --budget 60000 --reps 1 --out sweep_cost.json
+    python -m benchmarks.sweep_cost --storage DIR --report-only   # figures again from a run's folders
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common as C  # noqa: E402
+from benchmarks import common as C
+from rayrl import runfolder
 
 GRID_BATCHES = (1024, 2048, 4096, 8192)
 QUICK_BATCHES = (512, 1024)
@@ -71,7 +70,7 @@ def consumption(history: Path, phases: tuple[str, ...], target: float) -> dict[s
             trial = row["trial_id"]
             last[trial] = float(row["env_steps"])
             r = C._num(row["episode_return_mean"])
-            if row["phase"] != "doubling":
+            if row["phase"] != runfolder.LADDER:
                 ret[trial] = r
             if r >= target:
                 reached.add(trial)
@@ -136,10 +135,11 @@ def run_grid(spec: Any, paths: Any, batches: tuple[int, ...], lrs: list[float] |
     import ray
     from ray import tune
 
-    from rayrl import keys, throughput
-    from rayrl.algo import algorithm_class, build_config
-    from rayrl.search import max_concurrent_trials
-    from rayrl.train import make_tuner
+    from rayrl.observe import keys
+    from rayrl.sweep import ladder
+    from rayrl.rllib.algo import build_config
+    from rayrl.tune import resources
+    from rayrl.tune.tuner import make_tuner
 
     config = build_config(spec)
     params = config.to_dict()
@@ -154,10 +154,9 @@ def run_grid(spec: Any, paths: Any, batches: tuple[int, ...], lrs: list[float] |
         params["lr"] = tune.grid_search(list(lrs))
         n_lrs = len(lrs)
     params["minibatch_size"] = tune.sample_from(
-        lambda s: throughput.minibatch_for(s.config["train_batch_size_per_learner"], base_b, base_mb))
-    request = algorithm_class(spec.algo.name).default_resource_request(config).required_resources
-    concurrent = max_concurrent_trials(ray.cluster_resources(), request.get("CPU", 1), request.get("GPU", 0),
-                                       spec.search.max_concurrent)
+        lambda s: ladder.minibatch_for(s.config["train_batch_size_per_learner"], base_b, base_mb))
+    concurrent = resources.max_concurrent_trials(ray.cluster_resources(), resources.of_spec(spec),
+                                                 spec.search.max_concurrent)
     stop = {keys.ENV_STEPS: budget}
     if spec.stop.episode_return is not None:
         stop[keys.EPISODE_RETURN] = spec.stop.episode_return
@@ -190,7 +189,6 @@ def side(run_dir: Path, experiments: dict[str, Path], phases: tuple[str, ...], t
 def quick_spec(spec: Any) -> Any:
     """Tiny budgets for the smoke test: 2 ladder rungs, 2 search trials, 2 x 2 confirmation runs."""
     from rayrl import spec as spec_mod
-
     return spec_mod.replace(
         spec, algo={"train_batch_per_learner": 512, "minibatch_size": 128, "epochs": 4},
         stop={"episode_return": 40.0},
@@ -235,7 +233,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     C.quiet()
     from rayrl import spec as spec_mod
-
     spec = C.load_spec(args.config, args.overrides)
     if args.quick:
         spec = quick_spec(spec)
@@ -277,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_rep(spec: Any, storage: Path, order: list[str], batches: tuple[int, ...], lrs: list[float],
             args: argparse.Namespace, target: float) -> dict[str, Any]:
     """One repetition: the three searches in ``order``, each in its own run folder; their figures."""
-    from rayrl import runtime, sweep
+    from rayrl import runtime
+    from rayrl.sweep import run as sweep
 
     sides: dict[str, Any] = {name: None for name in SIDES}
     for name in order:
@@ -302,8 +300,8 @@ def run_rep(spec: Any, storage: Path, order: list[str], batches: tuple[int, ...]
             sides[name] = side(paths.run_dir, {"grid": paths.run_dir / "grid"}, ("grid",), target, t0, t1)
             continue
         summary = json.loads((paths.run_dir / "summary.json").read_text())
-        sides["rayrl"] = side(paths.run_dir, {e: paths.run_dir / e for e in ("phase2", "phase1", "confirm")},
-                              ("doubling", "search", "confirm"), target, t0, t1)
+        sides["rayrl"] = side(paths.run_dir, {d: paths.run_dir / d for d in runfolder.SWEEP_DIRS},
+                              (runfolder.LADDER, runfolder.SEARCH, runfolder.CONFIRM_PHASE), target, t0, t1)
         sides["rayrl"].update(knee_batch_size=summary["knee_batch_size"], ladder=summary["ladder"],
                               best=summary["best"], env_steps_phase1=summary["env_steps_phase1"],
                               env_steps_confirm=summary.get("env_steps_confirm"))

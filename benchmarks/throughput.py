@@ -30,11 +30,11 @@ that raises is recorded under ``failed`` (its figures null) and the run goes on.
 rayrl's settings are the spec's (``--config``) at its batch, or at ``--batch``, or at the knee of a
 sweep's ladder (``--doubling``), or of a ladder run here as a sweep's phase 1 does (``--ladder``).
 
-    python benchmarks/throughput.py --out throughput.json     # 3 rounds, about 5 minutes on 2 cores
-    python benchmarks/throughput.py --quick                    # 1 round, short samples: a smoke test
-    python benchmarks/throughput.py --ladder --out t.json      # the doubling ladder first (+3 minutes)
-    python benchmarks/throughput.py --config experiments/configs/mujoco_hopper_ppo.yaml --out t_hopper.json
-    python benchmarks/throughput.py --config experiments/configs/mujoco_hopper_ppo.yaml --set model.normalize_obs=false
+    python -m benchmarks.ladder --out ladder.json     # 3 rounds, about 5 minutes on 2 cores
+    python -m benchmarks.ladder --quick                    # 1 round, short samples: a smoke test
+    python -m benchmarks.ladder --ladder --out t.json      # the doubling ladder first (+3 minutes)
+    python -m benchmarks.ladder --config experiments/configs/mujoco_hopper_ppo.yaml --out t_hopper.json
+    python -m benchmarks.ladder --config experiments/configs/mujoco_hopper_ppo.yaml --set model.normalize_obs=false
 """
 
 from __future__ import annotations
@@ -47,11 +47,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common as C  # noqa: E402
-import contenders as K  # noqa: E402
+from benchmarks import common as C
+from benchmarks import contenders as K
 
 SAMPLING = ("rllib_runner", "rllib_runner_sync", "fast_runner")
 END_TO_END = ("rllib_same_settings", "rllib_tuned_example", "sb3_zoo", "rayrl", "rayrl_fast")
@@ -267,11 +265,12 @@ def knee_spec(spec: Any, args: argparse.Namespace) -> tuple[Any, str, list[dict]
         knee, ladder = C.read_knee(args.doubling)
         return C.spec_at_batch(spec, knee), f"knee of {args.doubling}", ladder
     if args.ladder:
-        from rayrl import runtime, sweep, throughput
+        from rayrl import runfolder, runtime
+        from rayrl.sweep import phases
 
         storage = args.ladder_storage or Path(tempfile.mkdtemp(prefix="rayrl-bench-ladder-"))
-        rows, _ = sweep.phase1(spec, runtime.resolve(str(storage), "throughput-ladder"))
-        knee = throughput.knee(rows)
+        rows, _ = phases.ladder(spec, runtime.resolve(str(storage), "throughput-ladder"))
+        knee = runfolder.knee(rows)
         if knee is None:
             raise SystemExit(f"the ladder's first rung failed; see {storage}")
         return C.spec_at_batch(spec, knee), f"knee of the doubling ladder run in {storage}", C.ladder_dicts(rows)

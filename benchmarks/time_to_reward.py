@@ -38,12 +38,12 @@ is censored: its figures are lower bounds, and a median over one says so
 1e6, no schedules). A spec with evaluation (Hopper's: 5 greedy episodes every 5 iterations) pays it
 in ``rayrl_default``'s and ``rllib_same_settings``' wall time alike; it judges nothing here.
 
-    python benchmarks/time_to_reward.py --out ttr.json                       # CartPole: 3 seeds, ~10 minutes on 2 cores
-    python benchmarks/time_to_reward.py --sweep runs/cartpole-ppo --out ttr.json
-    python benchmarks/time_to_reward.py --quick                               # 1 seed, target 150: a smoke test
-    python benchmarks/time_to_reward.py --config experiments/configs/mujoco_hopper_ppo.yaml --out ttr_hopper.json
+    python -m benchmarks.time_to_reward --out ttr.json                       # CartPole: 3 seeds, ~10 minutes on 2 cores
+    python -m benchmarks.time_to_reward --sweep runs/cartpole-ppo --out ttr.json
+    python -m benchmarks.time_to_reward --quick                               # 1 seed, target 150: a smoke test
+    python -m benchmarks.time_to_reward --config experiments/configs/mujoco_hopper_ppo.yaml --out ttr_hopper.json
         # Hopper: 3 contenders x 3 seeds x <= 300 s (+ build, random play): <= ~50 minutes on 2 cores
-    python benchmarks/time_to_reward.py --config experiments/configs/mujoco_hopper_ppo.yaml --quick
+    python -m benchmarks.time_to_reward --config experiments/configs/mujoco_hopper_ppo.yaml --quick
 """
 
 from __future__ import annotations
@@ -55,11 +55,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import common as C  # noqa: E402
-import contenders as K  # noqa: E402
+from benchmarks import common as C
+from benchmarks import contenders as K
 
 HOPPER_TARGET = 1000.0  #: Hopper's full-run target: see the module docstring
 HOPPER_QUICK_TARGET = 150.0  #: --quick on Hopper: ~9x random play
@@ -127,8 +125,7 @@ def run_to_target(config: Any, target: float, max_env_steps: float, max_wall_s: 
                   progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train an RLlib config until the mean return >= ``target`` or a cap; wall time from the first train().
     ``progress`` gets the running figures after every iteration."""
-    from rayrl import keys
-
+    from rayrl.observe import keys
     t0 = time.perf_counter()
     algo = config.build_algo()
     out: dict[str, Any] = {"reached": False, "build_s": time.perf_counter() - t0, "iterations": 0, "wall_s": 0.0,

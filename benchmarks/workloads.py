@@ -4,8 +4,8 @@ Why: a config that only builds says nothing about what a user gets from it. This
 real command (Tune, checkpoints, evaluation as configured) on each config in turn and reads the run
 folder's history.csv, so the figures are the platform's, not a hand-rolled loop's.
 
-    python benchmarks/workloads.py --out workloads.json                 # every config, default budgets
-    python benchmarks/workloads.py --configs cartpole_ppo --wall-s 60   # one, shorter
+    python -m benchmarks.workloads --out workloads.json                 # every config, default budgets
+    python -m benchmarks.workloads --configs cartpole_ppo --wall-s 60   # one, shorter
 
 The GPU preset runs on CPU with its learners and GPUs set to 0 and one env runner (the same
 overrides the workloads test uses); its figures are then CPU figures, said in the table.
@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common as C  # noqa: E402
+from benchmarks import common as C
 
 CONFIGS = C.ROOT / "experiments" / "configs"
 #: Seconds of training per config, long enough to leave the first iterations' noise behind.

@@ -11,43 +11,14 @@ import sys
 import textwrap
 from typing import Sequence
 
-from rayrl.spec import SpecError
-
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """Bad command-line input that is not a spec error (missing run folder, unwritable path)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's default prints usage + exits 2 already;
-        self.print_usage(sys.stderr)         # keep its exit status, make the text one paragraph.
-        sys.stderr.write(f"{self.prog}: error: {message}\n")
-        raise SystemExit(EXIT_USAGE)
-
-
-def add_run_args(p: argparse.ArgumentParser, default_config: str | None = None) -> None:
-    """The flags `rayrl train` and `experiments/sweep.py` share."""
-    p.add_argument("--config", default=default_config, required=default_config is None,
-                   help="experiment spec YAML" + (f" (default: {default_config})" if default_config else ""))
-    p.add_argument("--name", default=None, help="run name: the folder under --storage; running the same "
-                   "name again resumes it (default: the spec's name)")
-    p.add_argument("--storage", default="runs", help="where runs are kept: a local folder or a URI (s3://, "
-                   "gs://, any pyarrow filesystem; an S3-compatible server via AWS_ENDPOINT_URL or "
-                   "?endpoint_override=HOST:PORT&scheme=http); one live run per name (default: ./runs)")
-    p.add_argument("--allow-shared-run-dir", action="store_true",
-                   help="accept a local run folder owned by another user or writable by others (resuming runs "
-                   "what they wrote there; see docs/security.md); a symlinked run folder is never accepted")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a spec field by dotted path, value parsed as YAML, e.g. --set algo.lr=1e-4 "
-                   "(repeatable)")
+from rayrl.args import Parser, add_run_args, fail
+from rayrl.errors import EXIT_USAGE, UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="rayrl", description="Ray-native RL training: RLlib env runners, Torch learners, "
+    parser = Parser(prog="rayrl", description="Ray-native RL training: RLlib env runners, Torch learners, "
                      "Tune sweeps. See README.md.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     train = sub.add_parser("train", help="one long, checkpointed, resumable training run",
                            description="Train one experiment under Tune: checkpoints every "
@@ -96,27 +67,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "train":
-            from rayrl import train
+            from rayrl.train.cli import main as train_main
 
-            return train.main(args)
+            return train_main(args)
         return _spec(args)  # the only other command argparse accepts
-    except (SpecError, UsageError) as exc:
-        _fail(str(exc))
+    except UserError as exc:
+        fail(str(exc))
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("\nrayrl: interrupted; run the same command again to resume.", file=sys.stderr)
         return 130
 
 
-def _fail(message: str) -> None:
-    sys.stderr.write(textwrap.fill(f"rayrl: error: {message}", width=100) + "\n")
-
-
 def _spec(args: argparse.Namespace) -> int:
     import yaml
 
     from rayrl import spec
-
     if args.config:
         resolved = spec.load(args.config, args.overrides)
         print(yaml.safe_dump(spec.to_dict(resolved), sort_keys=False), end="")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from rayrl.spec import SpecError
+from rayrl.errors import SpecError
 
 EXTRAS = {
     "tracking": "mlflow, wandb, tensorboard",

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from rayrl import trust
-from rayrl.spec import SpecError
+from rayrl.security import trust
+from rayrl.errors import SpecError
 from rayrl.storage.files import write_local
 from rayrl.storage.lock import RunLock
 from rayrl.storage.mirror import RunStore, mirror_dir
@@ -137,8 +137,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
 
 def record_posture(paths: RunPaths) -> None:
     """posture.json: the security posture of the Ray this run joined (the report judges it)."""
-    from rayrl import posture
-
+    from rayrl.security import posture
     paths.write_json("posture.json", posture.record(paths.run_dir, paths.storage))
 
 
@@ -147,3 +146,10 @@ def write_json(path: Path, data: dict) -> None:
     leaves the old file, never a torn one. Values JSON does not know are written as their str().
     """
     write_local(path, json.dumps(data, indent=2, default=str).encode())
+
+
+def cluster_resources() -> dict[str, float]:
+    """The connected Ray cluster's total resources (CPU, GPU, ...)."""
+    import ray
+
+    return dict(ray.cluster_resources())

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from rayrl import keys
-
+from rayrl import runfolder
+from rayrl.observe import keys
 TRIAL = "abc12345"
 SAMPLE_S, LEARN_S, WARMUP_SAMPLE_S, WARMUP_LEARN_S = 0.5, 1.0, 5.0, 3.0
 TARGET_RETURN, STEPS_AT_TARGET = 100.0, 3000
@@ -39,7 +39,7 @@ def write_run(root: Path, cost: dict | None = None, iterations: int = 5) -> Path
     (root / "spec.yaml").write_text(yaml.safe_dump(spec))
     (root / "summary.json").write_text(json.dumps({"kind": "train", "status": "finished"}))
     with open(root / "history.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys.HISTORY_COLUMNS)
+        w = csv.DictWriter(f, fieldnames=runfolder.HISTORY_COLUMNS)
         w.writeheader()
         for i in range(1, iterations + 1):
             w.writerow({"trial_id": TRIAL, "phase": "train", "batch_size": 1000, "lr": 3e-4,

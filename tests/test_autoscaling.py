@@ -2,7 +2,7 @@
 the sweep finishes on them, and they go once idle.
 
 Ray's fake_multinode provider starts "worker nodes" as extra raylets on this machine. Their types
-are derived from cluster_configs/gpu.yaml (rayrl.cluster.fake.fake_multinode_config): same names and
+are derived from cluster_configs/gpu.yaml (tests/fake_multinode.py): same names and
 labels, one CPU each, the GPUs replaced by the custom resource `rayrl_fake_gpu` so no CUDA is
 needed. A smoke sweep is submitted with `ray job submit` whose learners ask for that resource
 (resources.custom_per_learner; learners=1, because with learners=0 RLlib's placement group does
@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from conftest import RAY, ROOT, free_port, head_port_flags
-from rayrl.cluster.fake import fake_multinode_config
+from fake_multinode import fake_multinode_config
 
 STAND_IN = "rayrl_fake_gpu"
 IDLE_TIMEOUT_MIN = 0.25

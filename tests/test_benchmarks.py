@@ -7,7 +7,7 @@ local Ray; together 3-4 minutes on 2 cores.
 from __future__ import annotations
 
 import csv
-import importlib.util
+import importlib
 import json
 import math
 import os
@@ -19,20 +19,15 @@ import pytest
 
 from conftest import ROOT, subprocess_env
 
-BENCH = ROOT / "benchmarks"
 
 
 def load(name: str):
-    """Import a benchmark script as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(f"rayrl_bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    """One benchmark module of the benchmarks package."""
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def run_quick(script: str, out: Path, *extra: str, timeout: int = 300) -> tuple[dict, str]:
-    proc = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--quick", "--out", str(out), *extra],
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--quick", "--out", str(out), *extra],
                           env=subprocess_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text()), proc.stdout
@@ -66,19 +61,19 @@ def test_consumption_counts_every_trial_until_the_first_at_target(tmp_path):
     sweep_cost = load("sweep_cost")
     history = tmp_path / "history.csv"
     write_history(history, [
-        ("r1", "doubling", 1, 2048, 20.0), ("r1", "doubling", 2, 4096, 30.0),   # the ladder counts
+        ("r1", "ladder", 1, 2048, 20.0), ("r1", "ladder", 2, 4096, 30.0),   # the ladder counts
         ("a", "search", 1, 1000, 20.0), ("b", "search", 1, 1000, 22.0),
         ("a", "search", 2, 2000, 200.0), ("b", "search", 2, 2000, 460.0),      # first at target here
         ("a", "search", 3, 3000, 470.0), ("c", "other", 1, 9999, 500.0),       # after it / other phase
     ])
-    c = sweep_cost.consumption(history, ("doubling", "search"), 450.0)
+    c = sweep_cost.consumption(history, ("ladder", "search"), 450.0)
     assert c["env_steps_to_target"] == 4096 + 2000 + 2000
     assert c["first_at_target"] == {"trial_id": "b", "iteration": 2, "env_steps": 8096}
     assert c["env_steps_total"] == 4096 + 3000 + 2000
     assert c["best_return"] == 470.0 and c["trials"] == 2  # ladder rungs are not search trials
     # Both search trials reached the target: in a random order the expectation is their mean.
     assert c["trials_at_target"] == 2 and c["env_steps_to_target_random_order"] == pytest.approx((3000 + 2000) / 2)
-    never = sweep_cost.consumption(history, ("doubling",), 450.0)
+    never = sweep_cost.consumption(history, ("ladder",), 450.0)
     assert never["env_steps_to_target"] is None and never["first_at_target"] is None
     assert math.isnan(never["best_return"])
 

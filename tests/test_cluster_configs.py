@@ -21,7 +21,7 @@ import yaml
 
 from rayrl.cluster import cli as cluster
 from rayrl.cluster.common import image_ray_version
-from rayrl.cluster.fake import fake_multinode_config
+from fake_multinode import fake_multinode_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "cluster_configs"

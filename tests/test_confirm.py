@@ -1,4 +1,4 @@
-"""The confirmation step's rules (rayrl.confirm), without Ray: ranking, fresh seeds, costs, spread, choice."""
+"""The confirmation step's rules (rayrl.sweep.confirm), without Ray: ranking, fresh seeds, costs, spread, choice."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rayrl import confirm, spec as S, throughput
-
-
+from rayrl import runfolder
+from rayrl.sweep import confirm, ladder
+from rayrl import spec as S
 def _trial(tid: str, batch: int, lr: float, steps: int | None, ret: float | None, status: str) -> dict:
     return {"trial_id": tid, "batch_size": batch, "lr": lr, "env_steps": steps, "episode_return_mean": ret,
             "status": status}
@@ -31,7 +31,7 @@ def test_rank_and_top_configs_take_phase2s_order_and_skip_duplicates_and_errors(
               _trial("d", 1024, 5e-4, 10_000, 500.0, "error"),
               _trial("e", 512, 3e-4, 40_000, 455.0, "reached_target"),   # same config as b
               _trial("f", 256, 1e-3, 40_000, None, "stopped_early")]
-    assert [t["trial_id"] for t in confirm.rank(trials)] == ["b", "e", "a", "c"]
+    assert [t["trial_id"] for t in runfolder.rank_trials(trials)] == ["b", "e", "a", "c"]
     assert [t["trial_id"] for t in confirm.top_configs(trials, 3)] == ["b", "a", "c"]
     assert [t["trial_id"] for t in confirm.top_configs(trials, 10)] == ["b", "a", "c"]
     assert confirm.top_configs(trials, 0) == []  # search.confirm_top_k=0 turns the confirmation off
@@ -120,11 +120,11 @@ def test_when_no_config_reaches_the_target_the_higher_median_return_wins():
 
 
 def test_phase2_searches_below_the_ladder_down_to_min_batch():
-    assert throughput.search_batches([2048, 4096], start=2048, factor=2, min_batch=256) == [256, 512, 1024, 2048,
+    assert ladder.search_batches([2048, 4096], start=2048, factor=2, min_batch=256) == [256, 512, 1024, 2048,
                                                                                             4096]
-    assert throughput.search_batches([2048], start=2048, factor=2, min_batch=300) == [512, 1024, 2048]
-    assert throughput.search_batches([512], start=512, factor=2, min_batch=1024) == [512]
-    assert throughput.search_batches([], start=2048, factor=2, min_batch=256) == []
+    assert ladder.search_batches([2048], start=2048, factor=2, min_batch=300) == [512, 1024, 2048]
+    assert ladder.search_batches([512], start=512, factor=2, min_batch=1024) == [512]
+    assert ladder.search_batches([], start=2048, factor=2, min_batch=256) == []
 
 
 def test_spec_fields_of_the_confirmation():
@@ -145,14 +145,14 @@ def test_report_and_plot_show_every_seed_and_the_interval(tmp_path):
     """report.md's confirmation section lists each candidate's median and interval and each seed's run."""
     from test_report import write_run
 
-    from rayrl.judge import report, runfolder
+    from rayrl.judge import report, folder
 
     root = write_run(tmp_path / "s")
     runs = [_run(1, 1000, 20_000, True, usd=0.002), _run(1, 2000, 150_000, True, usd=0.015),
             _run(1, 3000, 200_000, False, usd=0.02), _run(2, 1000, 60_000, True, usd=0.006, batch=512, lr=1e-3),
             _run(2, 2000, 55_000, True, usd=0.0055, batch=512, lr=1e-3),
             _run(2, 3000, 70_000, True, usd=0.007, batch=512, lr=1e-3)]
-    pd.DataFrame(runs, columns=confirm.CONFIRM_COLUMNS).to_csv(root / "confirm.csv", index=False)
+    pd.DataFrame(runs, columns=runfolder.CONFIRM_COLUMNS).to_csv(root / "confirm.csv", index=False)
     table = confirm.summarise(runs, "usd")
     summary = json.loads((root / "summary.json").read_text())
     summary["confirm"] = {"objective": "usd", "seeds": [1000, 2000, 3000], "env_steps_budget": 200_000,
@@ -168,7 +168,7 @@ def test_report_and_plot_show_every_seed_and_the_interval(tmp_path):
     assert "| 1 | 3000 | c1_3000 | 200,000 |" in section
     data = (root / "plots" / "confirm.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and "(plots/confirm.png)" in text
-    assert runfolder.load(root).confirm["reached"].sum() == 5
+    assert folder.load(root).confirm["reached"].sum() == 5
 
 
 def _race_choice(true: dict[tuple[int, int], float], seeds: list[int], step: float, race: bool) -> tuple[int, float]:
@@ -249,8 +249,8 @@ def test_the_race_stops_a_run_past_the_best_median_and_skips_a_config_that_canno
 
 
 def test_confirm_stopper_stops_at_target_budget_and_race_and_names_why():
-    from rayrl.confirm_stop import ConfirmStopper
-    from rayrl.cost import trial_resources
+    from rayrl.sweep.confirm_run import ConfirmStopper
+    from rayrl.tune.resources import trial_resources
 
     points = [(1, 512, 3e-4, 11), (1, 512, 3e-4, 12), (1, 512, 3e-4, 13), (2, 1024, 1e-4, 11),
               (2, 1024, 1e-4, 12), (2, 1024, 1e-4, 13)]

@@ -6,7 +6,8 @@ import math
 import pytest
 
 import plan_run
-from rayrl import cli, cost
+from rayrl import cli
+from rayrl.observe import cost
 from rayrl.spec import CostSpec, ResourcesSpec
 
 
@@ -59,16 +60,6 @@ def test_change_against_a_baseline():
     res = cost.TrialResources(gpus=1, cpus=2)
     base, doubled = cost.cost_per_sample_at(res, 500.0), cost.cost_per_sample_at(res, 1000.0)
     assert cost.change(doubled, base) == pytest.approx(-0.5)
-
-
-def test_trial_resources_follow_rllibs_placement_group():
-    # Local learner on the trial's process with one GPU, 2 env runners of 1 CPU.
-    assert cost.trial_resources(ResourcesSpec(env_runners=2, learners=0, gpus_per_learner=1.0)) == \
-        cost.TrialResources(gpus=1.0, cpus=3.0)
-    # 4 remote GPU learners with 2 CPUs each, 8 env runners, plus the trial's own CPU.
-    assert cost.trial_resources({"env_runners": 8, "learners": 4, "gpus_per_learner": 1.0,
-                                 "cpus_per_learner": 2.0}) == cost.TrialResources(gpus=4.0, cpus=17.0)
-    assert cost.trial_resources({}) == cost.TrialResources(gpus=0.0, cpus=2.0)  # spec defaults
 
 
 def test_prices_from_plain_data_validates():

@@ -7,14 +7,15 @@ import math
 import pandas as pd
 import pytest
 
-from rayrl import keys
+from rayrl import runfolder
+from rayrl.observe import keys
 from rayrl.judge import doctor
 from rayrl.judge.doctor import Evidence
 from test_report import LADDER, history_rows, sweep_history, write_run
 
 
 def frame(*groups: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame([row for g in groups for row in g], columns=list(keys.HISTORY_COLUMNS))
+    return pd.DataFrame([row for g in groups for row in g], columns=list(runfolder.HISTORY_COLUMNS))
 
 
 def healthy() -> pd.DataFrame:
@@ -166,7 +167,6 @@ def test_doctor_cli_bad_folder_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("rayrl doctor: error:") and "Traceback" not in err
     from rayrl import cli
-
     assert cli.main(["doctor", str(tmp_path / "missing")]) == 2
 
 

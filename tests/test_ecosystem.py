@@ -193,7 +193,8 @@ def test_export_continuous_policy_maps_mean_onto_bounds(tmp_path):
     import onnxruntime
     from ray.rllib.utils.spaces.space_utils import unsquash_action
 
-    from rayrl import algo, spec as S
+    from rayrl.rllib import algo
+    from rayrl import spec as S
     from rayrl.policy.export import export
 
     env = gym.make("Pendulum-v1")
@@ -237,11 +238,11 @@ def test_sweep_logs_one_mlflow_run_per_phase2_trial(tmp_path):
         trials = {r["trial_id"]: r for r in csv.DictReader(f)}
     client = MlflowClient(f"file:{tmp_path / 'mlruns'}")
     runs = client.search_runs([client.get_experiment_by_name("ecosweep").experiment_id])
-    phase2 = {r.data.tags["trial_id"]: r for r in runs if r.data.tags["rayrl.phase"] == "phase2"}
+    phase2 = {r.data.tags["trial_id"]: r for r in runs if r.data.tags["rayrl.phase"] == "search"}
     assert len(trials) == 2 and set(phase2) == set(trials)
-    assert sum(r.data.tags["rayrl.phase"] == "phase1" for r in runs) == 1  # the ladder's one rung
+    assert sum(r.data.tags["rayrl.phase"] == "ladder" for r in runs) == 1  # the ladder's one rung
     for trial_id, run in phase2.items():
         assert float(run.data.params["algo.lr"]) == pytest.approx(float(trials[trial_id]["lr"]))
-        assert run.data.tags["mlflow.runName"].startswith(f"phase2_b512_lr{float(trials[trial_id]['lr']):.1e}")
+        assert run.data.tags["mlflow.runName"].startswith(f"search_b512_lr{float(trials[trial_id]['lr']):.1e}")
         assert "rayrl/env_steps_per_s" in run.data.metrics
 

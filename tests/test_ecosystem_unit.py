@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rayrl import keys
+from rayrl.observe import keys
 from rayrl import spec as S
 from rayrl.extras import require
 from rayrl.track.naming import rayrl_metrics, run_name, trial_params
@@ -49,9 +49,9 @@ def test_missing_extra_names_the_pip_command():
 def test_run_name_says_phase_batch_lr():
     trial = SimpleNamespace(trial_id="ab12c_00003", config={"train_batch_size_per_learner": 4096, "lr": 6e-4,
                                                             "rayrl_lr": 3e-4})
-    assert run_name(trial, "search") == "phase2_b4096_lr3.0e-04_ab12c_00003"
+    assert run_name(trial, "search") == "search_b4096_lr3.0e-04_ab12c_00003"
     trial.config = {"train_batch_size_per_learner": 2048, "lr": 1e-3}
-    assert run_name(trial, "doubling") == "phase1_b2048_lr1.0e-03_ab12c_00003"
+    assert run_name(trial, "ladder") == "ladder_b2048_lr1.0e-03_ab12c_00003"
     assert run_name(trial, "train").startswith("train_b2048_")
 
 
@@ -127,7 +127,7 @@ def test_export_and_play_are_documented_and_have_help(program):
 
 
 def test_population_explore_stays_in_the_spec_ranges():
-    from rayrl.population import Clamp, bounds
+    from rayrl.train.population import Clamp, bounds
 
     spec = S.from_dict({"population": {"size": 4, "entropy_max": 0.01}, "search": {"lr_min": 1e-4, "lr_max": 1e-3}})
     clamp = Clamp(bounds(spec))
@@ -142,7 +142,7 @@ def test_a_population_run_is_judged_by_its_best_member(tmp_path):
     import pandas as pd
     from test_report import history_rows, write_run
 
-    from rayrl.judge.runfolder import load, subject_history
+    from rayrl.judge.folder import load, subject_history
 
     rows = history_rows("m0", "train", 512, 3e-4, 6, 900.0, 100.0) + \
         history_rows("m1", "train", 512, 6e-4, 6, 800.0, 300.0)

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from rayrl import keys
+from rayrl import runfolder
+from rayrl.observe import keys
 from rayrl.scale.autoscale import ElasticRunner, HistoryTail
 from rayrl.scale.elastic import Policy
 from test_autoscaling import STAND_IN, FakeCluster, _wait, fake_cluster  # noqa: F401 - the fixture
@@ -28,7 +29,7 @@ from test_autoscaling import STAND_IN, FakeCluster, _wait, fake_cluster  # noqa:
 def _append(run: Path, util: float, rows: int = 3) -> None:
     new = not (run / "history.csv").exists()
     with open(run / "history.csv", "a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys.HISTORY_COLUMNS)
+        w = csv.DictWriter(f, fieldnames=runfolder.HISTORY_COLUMNS)
         if new:
             w.writeheader()
         for _ in range(rows):

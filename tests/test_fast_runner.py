@@ -26,7 +26,7 @@ def load(overrides):
 
 
 def config(*overrides: str):
-    from rayrl.algo import build_config
+    from rayrl.rllib.algo import build_config
 
     torch.set_num_threads(1)
     return build_config(load([*SHORT, *overrides]))
@@ -193,7 +193,7 @@ def build_hopper(normalize_obs: bool):
     """The shipped Hopper config, short episodes, 2 envs."""
     from pathlib import Path
 
-    from rayrl.algo import build_config
+    from rayrl.rllib.algo import build_config
 
     torch.set_num_threads(1)
     path = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "mujoco_hopper_ppo.yaml"
@@ -262,8 +262,8 @@ def test_spec_rejects_runner_and_backend_that_cannot_run(overrides, message):
 def test_ppo_learns_the_same_with_either_runner(ray_local):
     """Same seed, same settings: RLlib's runner and the fast one sample the same actions, so PPO's
     learning curves agree; and it does learn (well above random play's ~22)."""
-    from rayrl import keys
-    from rayrl.algo import build_config
+    from rayrl.observe import keys
+    from rayrl.rllib.algo import build_config
 
     curves = {}
     for runner in ("rllib", "fast"):

@@ -23,11 +23,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rayrl import keys
+from rayrl.observe import keys
 from rayrl.faults import harness as drill_harness, restore
-from rayrl.judge import acceptance, evaluation, report, runfolder
+from rayrl.judge import acceptance, evaluation, report, folder
 from rayrl import spec as S
-
 from conftest import ROOT, subprocess_env
 
 pytestmark = pytest.mark.slow
@@ -189,7 +188,7 @@ def test_report_reads_drill_json(drilled, train_run, tmp_path):
     ok(drilled["proc"])
     assert report.main([str(train_run), "--out", str(tmp_path)]) == 0
     text = (tmp_path / "report.md").read_text()
-    checks = {c.name: c for c in evaluation.evaluate(runfolder.load(train_run))}
+    checks = {c.name: c for c in evaluation.evaluate(folder.load(train_run))}
     assert checks["recovery time (worst drill)"].verdict == acceptance.PASS
     assert checks["checkpoint restore rate"].verdict == acceptance.PASS
     assert checks["checkpoint restore rate"].measured == "100.0%"

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from rayrl.cluster import cli as cluster
 from rayrl.faults import drill
-from rayrl.judge import doctor, evaluation, report, runfolder
+from rayrl.judge import doctor, evaluation, report, folder
 from rayrl import spec as S
-from rayrl.judge.runfolder import RunFolderError
-from rayrl.spec import SpecError
+from rayrl.judge.folder import RunFolderError
+from rayrl.errors import SpecError
 
 from conftest import ROOT
 from test_report import write_run
@@ -199,7 +199,7 @@ def test_cluster_validate_on_arbitrary_bytes(tmp_path, content):
 
 
 # ---------------------------------------------------------------------------------------------
-# Damaged run folders: runfolder.load, the report, the doctor and the notebooks' loading functions
+# Damaged run folders: folder.load, the report, the doctor and the notebooks' loading functions
 
 RUN_FILES = ("spec.yaml", "summary.json", "history.csv", "doubling.csv", "trials.csv", "best_config.yaml",
              "drill.json")
@@ -248,11 +248,11 @@ def digest(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def notebook_reads(run: runfolder.RunFolder) -> None:
+def notebook_reads(run: folder.RunFolder) -> None:
     """What the analysis notebooks, the report and the doctor compute from a loaded folder."""
-    runfolder.subject_history(run)
-    runfolder.knee_batch(run)
-    runfolder.best_trial_id(run)
+    folder.subject_history(run)
+    folder.knee_batch(run)
+    folder.best_trial_id(run)
     evaluation.evaluate(run)
     evaluation.run_costs(run)
     if run.kind == "sweep":
@@ -268,7 +268,7 @@ def test_damaged_run_folders_raise_run_folder_error_only(tmp_path, data, kind):
     write_run(root, kind, drill=DRILL)
     damage(root, data)
     try:
-        run = runfolder.load(root)
+        run = folder.load(root)
         notebook_reads(run)
     except RunFolderError as exc:
         assert str(root) in str(exc) or "spec.yaml" in str(exc), exc
@@ -301,7 +301,7 @@ def earlier_run(tmp_path: Path) -> Path:
 
 
 def _sweep(argv: list[str]) -> int:
-    from rayrl.sweep import main
+    from rayrl.sweep.cli import main
 
     try:
         return main(argv)

@@ -2,7 +2,7 @@
 verdicts follow the figures, and its fp16/bf16 learner measurement runs (on the CPU here).
 
 The GPU paths themselves (NCCL learners, CUDA autocast, NVML) run only on a GPU machine:
-`python benchmarks/gpu_check.py` there.
+`python -m benchmarks.gpu_check` there.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import torch
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import gpu_check as G  # noqa: E402
+from benchmarks import gpu_check as G
 
 NO_CUDA = not torch.cuda.is_available()
 

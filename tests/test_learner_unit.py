@@ -1,4 +1,4 @@
-"""rayrl.learner without Ray: accumulation, the non-finite guard, precision, settings.
+"""rayrl.rllib.learner without Ray: accumulation, the non-finite guard, precision, settings.
 
 Learners are built with ``AlgorithmConfig.build_learner`` (the real class and code path) and fed
 a fixed synthetic PPO batch, so every loss here is deterministic.
@@ -17,8 +17,9 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-from rayrl import algo, learner as L
-from rayrl.spec import SpecError, from_dict
+from rayrl.rllib import algo, learner as L
+from rayrl.errors import SpecError
+from rayrl.spec import from_dict
 
 MID = "default_policy"
 HERE = __name__  # hooks below are named as 'module:function', like a user's would be
@@ -365,14 +366,10 @@ def test_learner_class_per_algorithm_and_unknown_name():
 # ---- the benchmark's smoke mode ----------------------------------------------------------------
 
 def test_precision_benchmark_quick_mode_prints_and_writes_figures(tmp_path, capsys):
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "precision.py"
-    spec = importlib.util.spec_from_file_location("rayrl_bench_precision", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from benchmarks import precision as bench
+
     out = tmp_path / "precision.json"
     assert bench.main(["--quick", "--rounds", "1", "--warmup", "0", "--batch", "256", "--out", str(out),
                        "--devices", "cpu"]) == 0

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from rayrl import algo as rayrl_algo
-from rayrl import learner as L
+from rayrl.rllib import algo as rayrl_algo
+from rayrl.rllib import learner as L
 from rayrl.spec import from_dict
 
 MID = "default_policy"

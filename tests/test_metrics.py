@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import free_port
-from rayrl import keys, metrics
-from rayrl.cost import TrialResources
-from rayrl.train import trial_dirname
+from rayrl.observe import hardware, keys, metrics
+from rayrl.observe.cost import TrialResources
+from rayrl.tune.tuner import trial_dirname
 
 # ---------------------------------------------------------------------------------------------
 # Fakes for psutil and NVML: the sampler's arithmetic without depending on this machine
@@ -75,13 +75,13 @@ class Clock:
 
 def test_sampler_arithmetic_with_fake_hardware():
     ps, clock, nvml = FakePsutil(), Clock(), FakeNvml()
-    s = metrics.HardwareSampler(nvml=nvml, psutil_module=ps, clock=clock)
+    s = hardware.HardwareSampler(nvml=nvml, psutil_module=ps, clock=clock)
     # 2 s later: 300 of 400 new CPU-seconds busy; eth0 (1 Gbit/s) sent 50 MB, received 10 MB.
     ps.cpu = CpuTimes(400, 0, 0, 200, 0, 0, 0, 0, 0, 0)
     ps.nics = {"eth0": Nic(50_000_000, 10_000_000), "lo": Nic(10**12, 10**12), "wlan0": Nic(10**9, 0)}
     clock.t = 2.0
     out = s.sample()
-    assert set(out) == set(metrics.HARDWARE_FIELDS)
+    assert set(out) == set(hardware.HARDWARE_FIELDS)
     assert out["cpu_util"] == pytest.approx(0.75)
     assert out["mem_util"] == pytest.approx(0.42)
     assert out["net_util"] == pytest.approx(25_000_000 * 8 / 1e9)  # 0.2 of the link; lo, unknown speed ignored
@@ -96,13 +96,15 @@ def test_sampler_reports_nan_when_unknown():
     ps.stats = {"wlan0": IfStats(True, 0, 0, 1500, "up")}
     broken = FakeNvml()
     broken.nvmlInit = lambda: (_ for _ in ()).throw(RuntimeError("NVML Shared Library Not Found"))
-    out = metrics.HardwareSampler(nvml=broken, psutil_module=ps, clock=Clock()).sample()
+    out = hardware.HardwareSampler(nvml=broken, psutil_module=ps, clock=Clock()).sample()
     assert math.isnan(out["net_util"]) and math.isnan(out["gpu_util"]) and math.isnan(out["gpu_mem_util"])
     assert math.isnan(out["cpu_util"])  # no CPU time passed
 
 
 def test_sampler_on_this_machine_gives_fractions_or_nan():
-    out = metrics.hardware_sample()
+    sampler = hardware.HardwareSampler()
+    time.sleep(0.1)  # rates need an interval
+    out = sampler.sample()
     assert 0.0 <= out["cpu_util"] <= 1.0 and 0.0 < out["mem_util"] < 1.0
     for key in ("gpu_util", "gpu_mem_util", "net_util"):
         assert math.isnan(out[key]) or 0.0 <= out[key] <= 1.0
@@ -114,7 +116,7 @@ def test_network_utilisation_stays_a_fraction():
     ps, clock = FakePsutil(), Clock()
     ps.stats = {"veth0": IfStats(True, 2, 100, 1500, "up"), "eth0": IfStats(True, 2, 1000, 1500, "up")}
     ps.nics = {"veth0": Nic(0, 0), "eth0": Nic(10**9, 10**9)}
-    s = metrics.HardwareSampler(nvml=FakeNvml(), psutil_module=ps, clock=clock)
+    s = hardware.HardwareSampler(nvml=FakeNvml(), psutil_module=ps, clock=clock)
     # 1 s: veth0 (100 Mbit/s) received 50 MB = 400 Mbit; eth0's counters went back to 0 and on to 5 MB.
     ps.nics = {"veth0": Nic(0, 50_000_000), "eth0": Nic(5_000_000, 5_000_000)}
     clock.t = 1.0
@@ -126,10 +128,10 @@ def test_network_utilisation_stays_a_fraction():
 
 
 def test_visible_gpus_follow_cuda_visible_devices():
-    assert metrics.visible_gpus(4, {}) == [0, 1, 2, 3]
-    assert metrics.visible_gpus(4, {"CUDA_VISIBLE_DEVICES": "2,3"}) == [2, 3]
-    assert metrics.visible_gpus(4, {"CUDA_VISIBLE_DEVICES": ""}) == []
-    assert metrics.visible_gpus(2, {"CUDA_VISIBLE_DEVICES": "GPU-1f2e"}) == [0, 1]
+    assert hardware.visible_gpus(4, {}) == [0, 1, 2, 3]
+    assert hardware.visible_gpus(4, {"CUDA_VISIBLE_DEVICES": "2,3"}) == [2, 3]
+    assert hardware.visible_gpus(4, {"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert hardware.visible_gpus(2, {"CUDA_VISIBLE_DEVICES": "GPU-1f2e"}) == [0, 1]
 
 
 class FakeGauge:
@@ -192,7 +194,7 @@ def test_observer_adds_hardware_learner_rate_and_cost_then_publishes():
     prices = {"gpu_hour_usd": 3.0, "cpu_hour_usd": 0.5, "spot_discount": 0.0}
     algo = fake_algorithm(learner_config_dict={"cost": prices},
                           trial_resources=SimpleNamespace(required_resources={"CPU": 4.0, "GPU": 1.0}))
-    sampled = dict.fromkeys(metrics.HARDWARE_FIELDS, 0.5)
+    sampled = dict.fromkeys(hardware.HARDWARE_FIELDS, 0.5)
     sets = []
     pub = SimpleNamespace(publish=lambda r: sets.append(r))
     obs = metrics.TrialObserver(algo, sampler=SimpleNamespace(sample=lambda: sampled), publisher=pub)
@@ -214,19 +216,22 @@ def test_observer_adds_hardware_learner_rate_and_cost_then_publishes():
     {"env_runners": 3, "learners": 2, "cpus_per_learner": 1.5, "cpus_per_env_runner": 0.5},
 ])
 def test_a_trials_resources_have_one_model(resources):
-    """The gauge's cost (from the algorithm's config) and the run folder's cost (from the spec) agree."""
-    from rayrl.algo import build_config
-    from rayrl.cost import trial_resources
+    """Outside Tune the gauge's cost (RLlib's request for the algorithm's config) and the run folder's
+    cost (rayrl.tune.resources, from the spec) agree."""
+    from rayrl.rllib.algo import algorithm_class, build_config
     from rayrl.spec import from_dict
+    from rayrl.tune.resources import of_spec
 
     spec = from_dict({"resources": resources})
-    algorithm = SimpleNamespace(config=build_config(spec), trial_resources=None)
-    assert metrics.algorithm_resources(algorithm) == trial_resources(spec.resources)
+    cls = algorithm_class(spec.algo.name)
+    algorithm = cls.__new__(cls)  # an Algorithm's type and config, not a started one
+    algorithm.config, algorithm._trial_info = build_config(spec), None
+    assert metrics.algorithm_resources(algorithm) == of_spec(spec)
 
 
 def test_observer_invents_no_cost_without_prices_and_survives_a_broken_publisher():
-    algo = fake_algorithm()
-    assert metrics.algorithm_resources(algo) == TrialResources(gpus=0.0, cpus=3.0)  # 1 + 2 env runners
+    algo = fake_algorithm(trial_resources=SimpleNamespace(required_resources={"CPU": 3.0}))
+    assert metrics.algorithm_resources(algo) == TrialResources(gpus=0.0, cpus=3.0)  # Tune's placement group
 
     class Broken:
         calls = 0
@@ -243,7 +248,7 @@ def test_observer_invents_no_cost_without_prices_and_survives_a_broken_publisher
 
 
 def test_the_callback_keeps_one_observer_per_trial_made_at_algorithm_init(monkeypatch):
-    from rayrl.algo import RayrlCallback
+    from rayrl.rllib.callback import RayrlCallback
 
     made = []
 
@@ -305,8 +310,8 @@ def metrics_port():
 
 
 def small_config(priced: bool = True):
-    from rayrl import algo, spec
-
+    from rayrl.rllib import algo
+    from rayrl import spec
     config = algo.build_config(spec.from_dict({"algo": {"train_batch_per_learner": 512, "minibatch_size": 128},
                                                "resources": {"env_runners": 0}}))
     if priced:  # the spec's prices, as learner_settings would carry them: cost is computed in-process
@@ -348,7 +353,7 @@ def test_training_publishes_rayrl_metrics_to_prometheus(metrics_port):
 def test_tune_trials_are_tagged_with_run_experiment_and_trial_id(metrics_port, tmp_path):
     from ray import tune
 
-    from rayrl.algo import algorithm_class
+    from rayrl.rllib.algo import algorithm_class
 
     tuner = tune.Tuner(algorithm_class("PPO"), param_space=small_config(priced=False),
                        run_config=tune.RunConfig(name="phase2", storage_path=str(tmp_path / "my-sweep"),

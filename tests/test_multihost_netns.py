@@ -34,8 +34,7 @@ from typing import Iterator
 import pytest
 import yaml
 
-from rayrl import keys
-
+from rayrl.observe import keys
 from conftest import RAY, ROOT, free_port, head_port_flags, subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -140,7 +140,7 @@ def test_training_notebook_on_a_train_run_and_a_sweeps_best_trial(smoke_runs, mo
 @pytest.mark.parametrize("kind", ["sweep", "train"])
 def test_report_and_doctor_on_smoke_runs(smoke_runs, kind, tmp_path):
     from rayrl.judge import acceptance, doctor, evaluation, report
-    from rayrl.judge.runfolder import load
+    from rayrl.judge.folder import load
 
     run_dir = smoke_runs[kind]
     run = load(run_dir)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rayrl import keys
+from rayrl.observe import keys
 from rayrl.storage import manifest
 
 from conftest import ROOT, subprocess_env

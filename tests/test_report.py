@@ -11,11 +11,12 @@ import pandas as pd
 import pytest
 import yaml
 
-from rayrl import keys
+from rayrl.observe import keys
 from rayrl.judge import acceptance, evaluation, plots, report
 from rayrl.judge.acceptance import FAIL, NA, PASS, Thresholds
-from rayrl.judge.runfolder import RunFolderError, best_trial_id, knee_batch, ladder_knee, load, subject_history
-from rayrl.sweep import pick_best
+from rayrl import runfolder
+from rayrl.judge.folder import RunFolderError, best_trial_id, knee_batch, ladder_rows, load, subject_history
+from rayrl.runfolder import knee
 
 # ---------------------------------------------------------------------------------------------
 # Synthetic run folders (the contract in docs/observability.md); test_doctor.py uses them too.
@@ -31,7 +32,7 @@ def history_rows(trial_id: str, phase: str, batch: int, lr: float, iters: int, s
                  final_return: float, **cols: float) -> list[dict]:
     rows = []
     for i in range(1, iters + 1):
-        row = {c: math.nan for c in keys.HISTORY_COLUMNS}
+        row = {c: math.nan for c in runfolder.HISTORY_COLUMNS}
         row.update({"trial_id": trial_id, "phase": phase, "batch_size": batch, "lr": lr, keys.ITERATION: i,
                     "env_steps": batch * i, "episode_return_mean": final_return * min(1.0, 0.5 + i / (2 * iters)),
                     "env_steps_per_s": sps * (1 + 0.01 * (i % 3)), "learner_samples_per_s": 5 * sps,
@@ -53,10 +54,10 @@ TRIALS = [(1e-4, 300.0, 12), (3e-4, 450.0, 12), (1e-3, 200.0, 12), (5e-4, 480.0,
 def sweep_history() -> pd.DataFrame:
     rows = []
     for n, (batch, sps, _, _) in enumerate(LADDER):
-        rows += history_rows(f"rung{n}", "doubling", batch, 3e-4, 4, sps, 50.0)
+        rows += history_rows(f"rung{n}", "ladder", batch, 3e-4, 4, sps, 50.0)
     for n, (lr, ret, iters) in enumerate(TRIALS):
         rows += history_rows(f"t{n}", "search", 4096, lr, iters, 1400.0, ret)
-    return pd.DataFrame(rows, columns=list(keys.HISTORY_COLUMNS))
+    return pd.DataFrame(rows, columns=list(runfolder.HISTORY_COLUMNS))
 
 
 def write_run(root: Path, kind: str = "sweep", history: pd.DataFrame | None = None, spec: dict | None = None,
@@ -77,7 +78,7 @@ def write_run(root: Path, kind: str = "sweep", history: pd.DataFrame | None = No
                             for r in trials["episode_return_mean"]]
         trials = trials.reset_index()
         trials.to_csv(root / "trials.csv", index=False)
-        best_row = pick_best(trials.to_dict("records"))  # the sweep's own rule: fewest env steps to the target
+        best_row = runfolder.rank_trials(trials.to_dict("records"))[0]  # the sweep's own rule: fewest env steps to the target
         summary = summary or {"kind": "sweep", "knee_batch_size": 4096,
                               "best": {"batch_size": int(best_row["batch_size"]), "lr": float(best_row["lr"]),
                                        "episode_return_mean": float(best_row["episode_return_mean"])},
@@ -250,23 +251,34 @@ def test_load_a_sweep_and_find_its_best_trial(tmp_path):
     run.summary["best"]["trial_id"] = "t0"
     assert best_trial_id(run) == "t0"  # the summary's trial_id wins
     run.summary["best"] = {}
-    assert best_trial_id(run) == "t1"  # no summary: pick_best over trials.csv, fewest env steps to the target
+    assert best_trial_id(run) == "t1"  # no summary: runfolder.rank_trials over trials.csv, fewest env steps to the target
     # the spec's own config won the confirmation (it never ran in phase 2): its first run at the target
     run.summary["best"] = {"trial_id": "spec", "batch_size": 2048, "lr": 1e-3}
     run.confirm = pd.DataFrame({"phase2_trial_id": ["t1", "spec", "spec", "spec"], "seed": [1000, 1000, 2000, 3000],
                                 "trial_id": ["c0", "c1", "c2", "c3"], "reached": [True, False, True, True]})
     assert best_trial_id(run) == "c2"
     run.summary["best"] = {}
-    assert knee_batch(run) == 4096 and ladder_knee(run.doubling) == 4096
+    assert knee_batch(run) == 4096 and knee(ladder_rows(run.doubling)) == 4096
     assert set(subject_history(run)["trial_id"]) == {"t1"}
     assert run.resources.cpus == 3 and run.target_return == 400.0
 
 
 def test_ladder_knee_reading():
-    d = lambda rows: pd.DataFrame(rows, columns=["batch_size", "env_steps_per_s", "gain", "decision"])  # noqa
-    assert ladder_knee(d([(2048, 1, None, "expand"), (4096, 1.1, 0.1, "stop")])) == 2048
-    assert ladder_knee(d([(2048, 1, None, "expand"), (4096, 2, 1.0, "expand"), (8192, 4, 1.0, "cap")])) == 8192
-    assert ladder_knee(d([(2048, 1, None, "expand"), (4096, None, None, "failed")])) == 2048
+    def d(rows: list[tuple]) -> list[runfolder.LadderRow]:
+        return ladder_rows(pd.DataFrame(rows, columns=list(runfolder.DOUBLING_COLUMNS)))
+
+    assert knee(d([(2048, 1, None, "expand"), (4096, 1.1, 0.1, "stop")])) == 2048
+    assert knee(d([(2048, 1, None, "expand"), (4096, 2, 1.0, "expand"), (8192, 4, 1.0, "cap")])) == 8192
+    assert knee(d([(2048, 1, None, "expand"), (4096, None, None, "failed")])) == 2048
+    assert d([(2048, 1, None, "expand")]) == [runfolder.LadderRow(2048, 1.0, None, "expand")]
+
+
+def test_history_written_before_the_phase_rename_reads_with_todays_names(tmp_path):
+    """history.csv from before the layout move calls the ladder "doubling": read as "ladder"."""
+    rows = history_rows("rung0", "doubling", 2048, 3e-4, 4, 1000.0, 50.0)
+    rows += history_rows("t0", "search", 2048, 3e-4, 4, 1000.0, 300.0)
+    run = load(write_run(tmp_path / "old", history=pd.DataFrame(rows, columns=list(runfolder.HISTORY_COLUMNS))))
+    assert set(run.history["phase"]) == {"ladder", "search"}
 
 
 @pytest.mark.parametrize("damage, message", [
@@ -396,7 +408,6 @@ def test_report_on_a_bad_folder_exits_2_writes_nothing(tmp_path, capsys):
 
 def test_cli_dispatches_report(tmp_path):
     from rayrl import cli
-
     assert cli.main(["report", str(write_run(tmp_path / "s"))]) == 0
     assert cli.main(["report", str(tmp_path / "missing")]) == 2
 
@@ -445,7 +456,7 @@ def test_lr_plot_tick_labels_do_not_collide_and_the_legend_names_what_matters(tm
     for n, lr in enumerate((1.2e-4, 1.6e-4, 2.7e-4)):
         rows += history_rows(f"t{n}", "search", 2048 * (1 + n % 2), lr, 6, 1000.0, 100.0 + 50 * n)
     spec = {**SPEC, "search": {"doubling": {"min_gain": 0.15}, "lr_min": 1e-4, "lr_max": 3e-4}}
-    run = load(write_run(tmp_path / "s", history=pd.DataFrame(rows, columns=list(keys.HISTORY_COLUMNS)), spec=spec))
+    run = load(write_run(tmp_path / "s", history=pd.DataFrame(rows, columns=list(runfolder.HISTORY_COLUMNS)), spec=spec))
     ax = plots.plot_lr_return(run)
     ax.figure.draw_without_rendering()
     lo, hi = ax.get_xlim()

@@ -12,7 +12,8 @@ import pytest
 
 from plan_run import CLUSTER
 from rayrl.scale import cluster, measure, model, schedule
-from rayrl.spec import CostSpec, SpecError
+from rayrl.errors import SpecError
+from rayrl.spec import CostSpec
 
 PRICES = CostSpec(gpu_hour_usd=2.0, cpu_hour_usd=0.5, spot_discount=0.0)
 HAND = cluster.from_dict(CLUSTER)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rayrl import keys
+from rayrl.observe import keys
 from rayrl import spec as S
-from rayrl.search import DoublingSearcher, Phase2Space, max_concurrent_trials, trial_misfit
+from rayrl.sweep.search import DoublingSearcher, Phase2Space
 from ray.tune.search import Searcher
 
 SPEC = S.from_dict({"search": {"doubling": {"start": 2048, "cap": 16384, "warmup_iters": 1, "measure_iters": 3}}})
@@ -71,24 +71,3 @@ def test_phase2_space_scales_lr_by_the_declared_rule_and_minibatch_by_batch():
     config = Phase2Space(spec, [2048, 4096])(FakeOptunaTrial())
     assert config["lr"] == pytest.approx(spec.search.lr_min * 2)
     assert config["train_batch_size_per_learner"] == 4096 and config["minibatch_size"] == 512
-
-
-@pytest.mark.parametrize("cluster,cpus,gpus,configured,expected", [
-    ({"CPU": 2.0}, 2.0, 0.0, 0, 1),
-    ({"CPU": 2.0}, 1.0, 0.0, 0, 2),
-    ({"CPU": 64.0, "GPU": 8.0}, 5.0, 2.0, 0, 4),   # GPUs are the limit
-    ({"CPU": 8.0, "GPU": 8.0}, 5.0, 1.0, 0, 1),    # CPUs are the limit
-    ({"CPU": 1.0}, 4.0, 0.0, 0, 1),                # never below one
-    ({"CPU": 64.0}, 1.0, 0.0, 3, 3),               # the spec's explicit number wins
-])
-def test_max_concurrent_trials(cluster, cpus, gpus, configured, expected):
-    assert max_concurrent_trials(cluster, cpus, gpus, configured) == expected
-
-
-def test_a_trial_larger_than_a_fixed_cluster_is_named_with_its_shortfall():
-    assert trial_misfit({"CPU": 2.0}, {"CPU": 2.0}) is None
-    assert trial_misfit({"CPU": 8.0, "GPU": 1.0}, {"CPU": 3.0, "GPU": 1.0}) is None
-    why = trial_misfit({"CPU": 2.0}, {"CPU": 4.0})
-    assert why and "4 CPUs (the cluster has 2)" in why and "evaluation.env_runners" in why and "--num-cpus" in why
-    why = trial_misfit({"CPU": 16.0}, {"CPU": 5.0, "GPU": 4.0})
-    assert why and "4 GPUs (the cluster has 0)" in why and "CPUs" not in why.split(":")[0]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rayrl import spec as S
-from rayrl.spec import SpecError
+from rayrl.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "experiments" / "configs").glob("*.yaml"))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rayrl import runtime
-from rayrl.spec import SpecError
+from rayrl.errors import SpecError
 from rayrl.storage import files, lock as lock_mod, mirror, uri
 
 from conftest import ROOT, small_disk, subprocess_env

@@ -12,8 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from rayrl import keys
-
+from rayrl.observe import keys
 from conftest import ROOT, small_disk, subprocess_env, tune_state_names_a_checkpoint
 
 pytestmark = pytest.mark.slow

@@ -18,8 +18,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from rayrl import keys
-
+from rayrl.observe import keys
 from conftest import ROOT, state_names_a_checkpoint, subprocess_env
 
 pytestmark = pytest.mark.slow
@@ -72,14 +71,14 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
     assert summary["knee_batch_size"] == 512 and summary["best"]["trial_id"] in {*trials["trial_id"], "spec"}
     assert yaml.safe_load(get("sw/best_config.yaml"))["algo"]["train_batch_per_learner"] == 512
     assert yaml.safe_load(get("sw/spec.yaml"))["search"]["num_samples"] == 2
-    assert set(pd.read_csv(io.BytesIO(get("sw/history.csv")))["phase"]) == {"doubling", "search", "confirm"}
+    assert set(pd.read_csv(io.BytesIO(get("sw/history.csv")))["phase"]) == {"ladder", "search", "confirm"}
     assert len(pd.read_csv(io.BytesIO(get("sw/confirm.csv")))) == summary["confirm"]["candidates"][0]["runs"] * len(
         summary["confirm"]["candidates"])
 
     again = _run(SWEEP, env)  # from the bucket alone
-    assert "phase 1 already finished" in again.stdout and "resuming from the bucket" in again.stdout
-    assert "[phase 1" not in again.stdout and "[phase 2" not in again.stdout  # nothing reran
-    assert "confirmation already finished" in again.stdout and "[confirm" not in again.stdout
+    assert "ladder already finished" in again.stdout and "resuming from the bucket" in again.stdout
+    assert "[ladder" not in again.stdout and "[search" not in again.stdout  # nothing reran
+    assert "confirm already finished" in again.stdout and "[confirm" not in again.stdout
     assert pd.read_csv(io.BytesIO(get("sw/trials.csv"))).sort_values("trial_id").reset_index(drop=True).equals(
         trials.sort_values("trial_id").reset_index(drop=True))
 

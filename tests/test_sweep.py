@@ -14,9 +14,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from rayrl import confirm, spec as S
-from rayrl import sweep
-
+from rayrl import runfolder
+from rayrl import spec as S
+from rayrl.sweep import config as sweep
+from rayrl.sweep import confirm_run
 from conftest import RAY, ROOT, ray_head, submit_job, subprocess_env
 
 
@@ -99,7 +100,7 @@ def check_run_folder(run: Path, *, scheduler: str = "asha", confirmed: bool = Tr
     assert best_spec.algo.train_batch_per_learner == best["batch_size"]
     assert best_spec.algo.lr == pytest.approx(best["lr"])
 
-    assert set(history["phase"]) == {"doubling", "search", *(["confirm"] if confirmed else [])}
+    assert set(history["phase"]) == {"ladder", "search", *(["confirm"] if confirmed else [])}
     assert (history["env_steps_per_s"] > 0).all()
 
     from ray.tune import ExperimentAnalysis
@@ -111,7 +112,7 @@ def check_run_folder(run: Path, *, scheduler: str = "asha", confirmed: bool = Tr
 def check_ladder_against_history(doubling: pd.DataFrame, history: pd.DataFrame, d: S.DoublingSpec) -> None:
     """Each rung's figure is the median env steps/s of its measured iterations, recomputed here from
     history.csv (not read from the gain column the sweep wrote), and each decision follows from it."""
-    rungs = history[history["phase"] == "doubling"].drop_duplicates(["trial_id", "training_iteration"], keep="last")
+    rungs = history[history["phase"] == "ladder"].drop_duplicates(["trial_id", "training_iteration"], keep="last")
     medians = []
     for row in doubling.itertuples():
         h = rungs[rungs["batch_size"] == row.batch_size].sort_values("training_iteration")
@@ -161,7 +162,7 @@ def check_confirmation(run: Path, spec: S.Spec, trials: pd.DataFrame, summary: d
     budget = s.confirm_env_steps or s.max_env_steps
     assert (runs["env_steps"] <= budget + 4 * runs["batch_size"]).all()
     # why each run ended: at the target, the budget, or the race (its config could no longer win)
-    assert set(runs["stopped"]) <= set(confirm.STOP_REASONS)
+    assert set(runs["stopped"]) <= set(runfolder.CONFIRM_STOPPED)
     assert ((runs["stopped"] == "target") == runs["reached"]).all()
     assert (runs.loc[runs["stopped"] == "budget", "env_steps"] >= budget).all()
     assert (runs.loc[runs["stopped"] == "race", "env_steps"] < budget).all()
@@ -196,23 +197,23 @@ def _trial(tid: str, steps: int | None, ret: float | None, status: str) -> dict:
 def test_best_is_the_fewest_env_steps_to_the_target():
     trials = [_trial("a", 90_000, 478.0, "reached_target"), _trial("b", 60_000, 452.0, "reached_target"),
               _trial("c", 100_000, 499.0, "completed"), _trial("d", 40_000, 500.0, "error")]
-    assert sweep.pick_best(trials)["trial_id"] == "b"
+    assert runfolder.rank_trials(trials)[0]["trial_id"] == "b"
     trials.append(_trial("e", 60_000, 460.0, "reached_target"))  # same env steps: the higher return
-    assert sweep.pick_best(trials)["trial_id"] == "e"
+    assert runfolder.rank_trials(trials)[0]["trial_id"] == "e"
 
 
 def test_best_without_a_trial_at_the_target_is_the_highest_return():
     trials = [_trial("a", 100_000, 210.0, "completed"), _trial("b", 30_000, 95.0, "stopped_early"),
               _trial("c", 100_000, 330.0, "completed"), _trial("d", 10_000, None, "stopped_early"),
               _trial("e", 50_000, 480.0, "error")]
-    assert sweep.pick_best(trials)["trial_id"] == "c"
-    assert sweep.pick_best([_trial("x", None, None, "error")]) is None and sweep.pick_best([]) is None
+    assert runfolder.rank_trials(trials)[0]["trial_id"] == "c"
+    assert runfolder.rank_trials([_trial("x", None, None, "error")]) == [] and runfolder.rank_trials([]) == []
 
 
 @pytest.mark.slow
 def test_smoke_sweep_writes_the_contract_and_resumes(tmp_path):
     first = run_sweep(tmp_path, "smoke")
-    assert "[sweep] done" in first.stdout and "phase 1" in first.stdout
+    assert "[sweep] done" in first.stdout and "[ladder" in first.stdout
     run = tmp_path / "smoke"
     summary = check_run_folder(run)
     trials_before = (run / "trials.csv").read_text()
@@ -220,10 +221,10 @@ def test_smoke_sweep_writes_the_contract_and_resumes(tmp_path):
     doubling_before = (run / "doubling.csv").read_text()
 
     again = run_sweep(tmp_path, "smoke", timeout=300)
-    assert "phase 1 already finished" in again.stdout
-    assert "[phase 1" not in again.stdout  # no rung ran again
-    assert "[phase 2" not in again.stdout  # finished trials are not rerun
-    assert "confirmation already finished" in again.stdout and "[confirm" not in again.stdout
+    assert "ladder already finished" in again.stdout
+    assert "[ladder" not in again.stdout  # no rung ran again
+    assert "[search" not in again.stdout  # finished trials are not rerun
+    assert "confirm already finished" in again.stdout and "[confirm" not in again.stdout
     assert (run / "confirm.csv").read_text() == confirm_before
     assert json.loads((run / "summary.json").read_text())["best"] == summary["best"]
     assert (run / "doubling.csv").read_text() == doubling_before
@@ -242,13 +243,13 @@ def test_smoke_overrides_are_validated_on_the_smoke_budgets():
     config = str(ROOT / "experiments" / "configs" / "cartpole_ppo.yaml")
     spec = sweep.load_spec(config, ["search.doubling.cap=1024", "search.confirm_top_k=0"], tiny=True)
     assert (spec.search.doubling.start, spec.search.doubling.cap, spec.search.confirm_top_k) == (512, 1024, 0)
-    assert spec.search.max_env_steps == 16000 and sweep.confirm_budget(spec.search) == 4000
+    assert spec.search.max_env_steps == 16000 and confirm_run.confirm_budget(spec.search) == 4000
     with pytest.raises(S.SpecError, match="search.doubling.cap"):
         sweep.load_spec(config, ["search.doubling.cap=256"], tiny=True)
     with pytest.raises(S.SpecError, match="search.doubling.cap"):  # without --smoke the file's ladder starts at 2048
         sweep.load_spec(config, ["search.doubling.cap=1024"])
     unbudgeted = sweep.load_spec(config, ["search.max_env_steps=50000", "search.grace_env_steps=10000"])
-    assert unbudgeted.search.confirm_env_steps is None and sweep.confirm_budget(unbudgeted.search) == 50000
+    assert unbudgeted.search.confirm_env_steps is None and confirm_run.confirm_budget(unbudgeted.search) == 50000
 
 
 def test_smoke_samples_and_evaluates_in_the_trial_so_the_pong_gpu_preset_fits_two_cpus():

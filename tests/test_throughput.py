@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rayrl import throughput as T
-from rayrl.throughput import CAP, EXPAND, FAILED, STOP, Rung
+from rayrl.runfolder import CAP, EXPAND, FAILED, STOP, knee
+from rayrl.sweep import ladder as T
+from rayrl.sweep.ladder import Rung
 
 RULE = dict(factor=2, cap=16384, min_gain=0.15)
 
@@ -18,7 +19,7 @@ def run_ladder(measure, start=2048, **rule):
         rungs.append(Rung(batch, measure(batch)))
         assert len(rungs) < 20
     rows = T.decide(rungs, **rule)
-    return rows, T.knee(rows)
+    return rows, knee(rows)
 
 
 def decisions(rows):

@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 import torch
 
-from rayrl import algo, keys
+from rayrl.rllib import algo
+from rayrl.observe import keys
 from rayrl import spec as S
-
 from conftest import ROOT, subprocess_env, tune_state_names_a_checkpoint
 
 pytestmark = pytest.mark.slow

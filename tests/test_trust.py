@@ -1,4 +1,4 @@
-"""The run folder's trust boundary (rayrl.trust): control characters, symlinks, foreign owners and
+"""The run folder's trust boundary (rayrl.security.trust): control characters, symlinks, foreign owners and
 shared write access are refused with exit 2 before anything is written or Ray starts."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rayrl import runtime, trust
-from rayrl.spec import SpecError
+from rayrl import runtime
+from rayrl.security import trust
+from rayrl.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "experiments" / "configs" / "cartpole_ppo.yaml")
@@ -64,7 +65,7 @@ def _snapshot(root: Path) -> dict[str, float]:
 @pytest.mark.parametrize("command", ["train", "sweep"])
 def test_the_cli_exits_2_with_one_paragraph_and_writes_nothing(tmp_path: Path, capsys, command: str) -> None:
     from rayrl.cli import main as rayrl_main
-    from rayrl.sweep import main as sweep_main
+    from rayrl.sweep.cli import main as sweep_main
 
     storage = tmp_path / "runs"
     storage.mkdir()

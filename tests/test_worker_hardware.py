@@ -9,9 +9,7 @@ import time
 
 import pytest
 
-from rayrl import worker_hardware as wh
-
-
+from rayrl.observe import hardware as wh
 def test_aggregate_uses_the_learners_gpus_and_keeps_every_reading():
     learners = [{"pid": 11, "gpu_util": 0.9, "gpu_mem_util": 0.5, "cpu_util": 0.2},
                 {"pid": 12, "gpu_util": 0.7, "gpu_mem_util": 0.8, "cpu_util": math.nan}]
@@ -45,7 +43,7 @@ def test_remote_cpu_learners_report_from_their_own_processes():
     import ray
 
     from rayrl import spec as spec_mod
-    from rayrl.algo import build_config
+    from rayrl.rllib.algo import build_config
 
     spec = spec_mod.from_dict({"env": {"envs_per_runner": 2},
                                "algo": {"train_batch_per_learner": 128, "minibatch_size": 64, "epochs": 1},

@@ -14,9 +14,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from rayrl import algo, keys, runtime, sweep
+from rayrl.rllib import algo
+from rayrl.observe import keys
+from rayrl import runtime, sweep
 from rayrl import spec as S
-
 from conftest import ROOT
 from test_sweep import check_run_folder
 

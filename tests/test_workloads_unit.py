@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from rayrl import algo, keys, models
+from rayrl.rllib import algo, callback, models
+from rayrl.observe import keys
 from rayrl import spec as S
 from rayrl.envs import registry
 
@@ -78,14 +79,14 @@ def test_judged_return_follows_the_evaluation_section():
     assert S.from_dict({"evaluation": {"interval": 2, "judge": "training"}}).judged_by == "training"
     assert S.from_dict({"evaluation": {"interval": 0, "judge": "evaluation"}}).judged_by == "training"
     assert keys.return_key("evaluation") == keys.EVAL_RETURN and keys.return_key("training") == keys.TRAIN_RETURN
-    from rayrl.train import stop_criteria
+    from rayrl.tune.stoppers import stop_criteria
 
     stop = stop_criteria(S.from_dict({"evaluation": {"interval": 2}, "stop": {"episode_return": 100}}))
     assert stop[keys.EVAL_RETURN] == 100 and keys.EPISODE_RETURN not in stop
 
 
 def test_returns_are_in_every_result_nan_then_last_known():
-    cb = algo.RayrlCallback()
+    cb = callback.RayrlCallback()
     first = cb._known_returns({"env_runners": {}})
     assert math.isnan(first["train_return"]) and math.isnan(first["eval_return"])
     assert cb._known_returns({"env_runners": {"episode_return_mean": 12.5}})["train_return"] == 12.5
@@ -109,14 +110,14 @@ def test_an_old_spec_with_algo_hidden_is_told_where_it_went():
 def test_report_reward_part_judges_the_return_the_spec_names(tmp_path, judge, name, measured, verdict):
     import pandas as pd
 
-    from rayrl.judge import evaluation, report, runfolder
+    from rayrl.judge import evaluation, report, folder
     from test_report import SPEC, history_rows, write_run
 
     rows = history_rows("train0", "train", 4096, 3e-4, 20, 1400.0, 450.0)
     for row in rows:  # training return climbs to 450; evaluation (every 2nd iteration) stays at 300
         row["eval_return_mean"] = 300.0 if row["training_iteration"] >= 2 else math.nan
     spec = {**SPEC, "evaluation": {"interval": 2, "judge": judge}}
-    run = runfolder.load(write_run(tmp_path / judge, "train", history=pd.DataFrame(rows), spec=spec))
+    run = folder.load(write_run(tmp_path / judge, "train", history=pd.DataFrame(rows), spec=spec))
     checks = {c.name: c for c in evaluation.evaluate(run)}
     assert checks[name].measured == measured and checks[name].verdict.lower() == verdict
     assert f"| return judged by | {judge} (history.csv " in report.render(run, list(checks.values()), [])

@@ -3,8 +3,8 @@
 A bad cluster file is found late and paid for in GPU-hours. This module is the command line: it
 reads each file, tells a launcher YAML (`rayrl.cluster.launcher`, with rayrl's rules in
 `rayrl.cluster.launcher_rules`) from KubeRay manifests (`rayrl.cluster.kube`), and prints one line
-per file or problem. Nothing here starts Ray or reaches a cloud. The fake multinode config for
-trying autoscaling on one machine lives in `rayrl.cluster.fake`.
+per file or problem. Nothing here starts Ray or reaches a cloud. (The fake multinode config the
+autoscaling tests use is tests/fake_multinode.py.)
 """
 
 from __future__ import annotations

@@ -38,19 +38,21 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from rayrl import cost, runtime, spec as spec_mod
+from rayrl import runtime, spec as spec_mod
 from rayrl.faults.harness import SCRATCH, drill_runners, say
 from rayrl.faults.driver_drill import driver_drill
 from rayrl.faults.drills import env_runner_drill, node_drill, trial_drill
 from rayrl.faults.restore import restore_checkpoints
 from rayrl.faults.storage_drill import storage_drill
-from rayrl.judge.runfolder import RunFolderError, load as load_run
-from rayrl.spec import Spec, SpecError
+from rayrl.judge.folder import RunFolderError, load as load_run
+from rayrl.args import Parser, fail
+from rayrl.errors import EXIT_USAGE, SpecError
+from rayrl.spec import Spec
 from rayrl.storage.mirror import fetch, publish
 from rayrl.storage.uri import is_uri
+from rayrl.tune import resources
 
 DRILLS = ("env_runner", "trial", "driver", "node", "storage")
-EXIT_USAGE = 2
 
 
 class DrillError(Exception):
@@ -118,13 +120,14 @@ def run_drills(run_dir: Path, spec: Spec, kind: str, names: Sequence[str], *, ad
 
 def _cpus_needed(spec: Spec) -> int:
     """CPUs a local Ray needs for the widest drill (drill_runners EnvRunners)."""
-    held = cost.trial_resources(dataclasses.replace(spec.resources, env_runners=drill_runners(spec)))
+    held = resources.trial_resources(dataclasses.replace(spec.resources, env_runners=drill_runners(spec)),
+                                     spec.evaluation.env_runners if spec.evaluation.interval > 0 else 0)
     return math.ceil(held.cpus)
 
 
 def _check_local_gpus(spec: Spec) -> None:
     """Refuse before any drill runs when this machine lacks the GPUs one trial of the spec holds."""
-    needed = cost.trial_resources(spec.resources).gpus
+    needed = resources.of_spec(spec).gpus
     if needed <= 0:
         return
     import torch
@@ -168,9 +171,7 @@ def _merge(path: Path, kind: str, results: dict[str, dict], skipped: list[dict])
 
 def build_parser() -> argparse.ArgumentParser:
     """The `rayrl drill` parser; its help text is the command's documentation."""
-    from rayrl.cli import _Parser
-
-    p = _Parser(prog="rayrl drill", formatter_class=argparse.RawDescriptionHelpFormatter, description=textwrap.dedent(
+    p = Parser(prog="rayrl drill", formatter_class=argparse.RawDescriptionHelpFormatter, description=textwrap.dedent(
         """\
         Fault drills for a run folder: kill an EnvRunner, the trial, the driver (and a worker node on a
         multi-node cluster), time each recovery, then restore every kept checkpoint and play one
@@ -218,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not os.access(run_dir, os.W_OK):
             raise DrillError(f"{run_dir}: not writable; the drills need RUN_DIR/drills/ and RUN_DIR/drill.json.")
     except DrillError as exc:
-        _fail(str(exc))
+        fail(str(exc), "rayrl drill")
         return EXIT_USAGE
     address = args.address or os.environ.get("RAY_ADDRESS") or None
     say(f"{kind} run {run_dir}: drills {', '.join(args.only or DRILLS)}"
@@ -228,10 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = run_drills(run_dir, spec, kind, args.only or DRILLS, address=address, num_cpus=args.num_cpus,
                           restore=not args.no_restore, timeout_s=args.timeout)
     except DrillError as exc:
-        _fail(str(exc))
+        fail(str(exc), "rayrl drill")
         return EXIT_USAGE
     except ConnectionError as exc:
-        _fail(f"--address: cannot reach the Ray cluster at {address} ({exc}).")
+        fail(f"--address: cannot reach the Ray cluster at {address} ({exc}).", "rayrl drill")
         return EXIT_USAGE
     except KeyboardInterrupt:
         sys.stderr.write("\nrayrl drill: interrupted; drill.json was not updated.\n")
@@ -247,6 +248,3 @@ def main(argv: Sequence[str] | None = None) -> int:
           flush=True)
     return 0 if ok else 1
 
-
-def _fail(message: str) -> None:
-    sys.stderr.write(textwrap.fill(f"rayrl drill: error: {message}", width=100) + "\n")

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from rayrl import keys
+from rayrl.observe import keys
 from rayrl.faults.harness import (Monitor, after_recovery, drill_runners, drill_spec, kill_pid, our_actors, outcome,
                                  ready_to_kill, run_with_fault, say, scratch, wait_for)
 from rayrl.spec import Spec
@@ -62,7 +62,7 @@ def env_runner_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dic
 def trial_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
     """Kill the trial's actor; recovered when Tune has retried it from its latest checkpoint, the
     first result after the retry continues that checkpoint's counters, and the trial finishes."""
-    from rayrl.algo import algorithm_class
+    from rayrl.rllib.algo import algorithm_class
 
     dspec = drill_spec(spec, "trial")
     monitor = Monitor(timeout_s)
@@ -107,7 +107,7 @@ def node_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
     recovered when training goes on with every EnvRunner healthy and the trial finishes."""
     import ray
 
-    from rayrl.algo import algorithm_class
+    from rayrl.rllib.algo import algorithm_class
 
     runners = drill_runners(spec)
     dspec = drill_spec(spec, "node", env_runners=runners)

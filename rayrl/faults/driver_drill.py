@@ -17,12 +17,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rayrl import keys, spec as spec_mod
+from rayrl import runfolder
+from rayrl.observe import keys
+from rayrl import spec as spec_mod
 from rayrl.faults.harness import KILL_AFTER_ITERS, drill_spec, outcome, say, scratch, wait_for
-from rayrl.judge.runfolder import RunFolderError, load as load_run
+from rayrl.judge.folder import RunFolderError, load as load_run
 from rayrl.spec import Spec
+from rayrl.storage.files import write_local
 
-_SWEEP_MAIN = "import sys; from rayrl.sweep import main; sys.exit(main(sys.argv[1:]))"
+_SWEEP_MAIN = "import sys; from rayrl.sweep.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _digest(root: Path) -> dict[str, str]:
@@ -60,7 +63,7 @@ def driver_drill(spec: Spec, kind: str, storage: Path, *, address: str | None, n
     dspec = drill_spec(spec, "driver", kind="sweep" if sweep else "driver")
     paths = scratch(storage, "driver")
     config = storage / "driver.yaml"
-    spec_mod.dump(dspec, config)
+    write_local(config, spec_mod.dumps(dspec).encode())
     args = ["--config", str(config), "--storage", str(storage), "--name", "driver"]
     if address is None:
         args += ["--num-cpus", str(num_cpus or os.cpu_count() or 2)]
@@ -127,9 +130,9 @@ def driver_drill(spec: Spec, kind: str, storage: Path, *, address: str | None, n
                               "rerun_s": round(rerun_s, 1), "files_checked": len(before)}
     if sweep:
         rerun = sorted({r["trial_id"] for r in new} & finished)
-        phase1_rerun = sum(r["phase"] == "doubling" for r in new)
+        phase1_rerun = sum(runfolder.OLD_PHASE_NAMES.get(r["phase"], r["phase"]) == runfolder.LADDER for r in new)
         detail.update(finished_before_kill=len(finished), finished_trials_rerun=len(rerun),
-                      phase1_kept="phase 1 already finished" in out and phase1_rerun == 0)
+                      phase1_kept="ladder already finished" in out and phase1_rerun == 0)
         if rerun:
             problems.append(f"finished trials ran again: {', '.join(rerun)}")
         if not detail["phase1_kept"]:

@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from rayrl import keys, runtime, spec as spec_mod
+from rayrl.observe import keys
+from rayrl import runfolder, runtime, spec as spec_mod
+from rayrl.storage.files import write_local
 from rayrl.spec import Spec
 
 SCRATCH = "drills"   #: RUN_DIR/drills/: the drills' scratch runs, never part of the run itself
@@ -180,7 +182,7 @@ def kill_pid(pid: int, node_id: str) -> float:
 def run_with_fault(spec: Spec, paths: runtime.RunPaths, monitor: Monitor, label: str,
                    inject: Callable[[], dict]) -> tuple[Any, dict]:
     """Train ``spec`` under Tune in this process while ``inject`` runs in a thread; (result, info)."""
-    from rayrl.train import make_tuner
+    from rayrl.tune.tuner import make_tuner
 
     info: dict = {}
 
@@ -192,7 +194,7 @@ def run_with_fault(spec: Spec, paths: runtime.RunPaths, monitor: Monitor, label:
         finally:
             monitor.done = True
 
-    spec_mod.dump(spec, paths.run_dir / "spec.yaml")  # the scratch folder reads like any train run's
+    write_local(paths.run_dir / runfolder.SPEC, spec_mod.dumps(spec).encode())  # the scratch folder reads like any train run's
     callback, stopper = _tune_hooks(monitor)
     tuner = make_tuner(spec, paths, stop=stopper, extra_callbacks=[callback], verbose_label=f"drill {label}")
     thread = threading.Thread(target=injector, daemon=True)

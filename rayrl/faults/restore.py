@@ -24,7 +24,7 @@ def restore_checkpoints(run_dir: Path, spec: Spec) -> tuple[list[dict], float | 
     """Algorithm.from_checkpoint on each kept checkpoint, then one greedy episode; (rows, rate)."""
     from ray.rllib.algorithms.algorithm import Algorithm
 
-    from rayrl.algo import env_name
+    from rayrl.rllib.algo import env_name
 
     env_name(spec)  # registers a factory env with Tune's registry, as training did
     rows = []

@@ -15,7 +15,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from rayrl import keys
+from rayrl.observe import keys
 from rayrl.faults.harness import Monitor, drill_spec, outcome, run_with_fault, say, scratch, wait_for
 from rayrl.spec import Spec
 from rayrl.storage import manifest

@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from rayrl import cost
+from rayrl.observe import cost
 from rayrl.spec import AcceptanceSpec
 
 PASS, FAIL, NA = "PASS", "FAIL", "N/A"

@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 
 from rayrl.judge.evaluation import after_warmup
-from rayrl.judge.runfolder import RunFolderError, load
+from rayrl.judge.folder import RunFolderError, load
+from rayrl.errors import EXIT_USAGE
 
-EXIT_USAGE = 2
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ The rules themselves are pure (rayrl.judge.acceptance); this is the one place th
 iterations they see. A sweep is judged on its best phase-2 trial, a train run on its one trial,
 both past their warm-up iterations. The expected throughput comes from the doubling ladder, and
 the cost figures (the run's USD, the ladder's USD per sample, a configuration's steady-state cost
-per effective sample) from rayrl.cost at the run's prices.
+per effective sample) from rayrl.observe.cost at the run's prices.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 
 import pandas as pd
 
-from rayrl import cost, keys
+from rayrl.observe import cost, keys
 from rayrl.judge.acceptance import (Check, Thresholds, check_cost, check_gpu_util, check_loss, check_memory, check_network,
                               check_recovery, check_restore, check_return, check_stability, check_throughput)
-from rayrl.judge.runfolder import RunFolder, knee_batch, subject_history
+from rayrl.judge.folder import RunFolder, knee_batch, subject_history
 
 
 def after_warmup(history: pd.DataFrame, warmup_iters: int) -> pd.DataFrame:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from rayrl import keys
-from rayrl.judge.runfolder import RunFolder, best_trial_id, knee_batch, subject_history
+from rayrl.observe import keys
+from rayrl.judge.folder import RunFolder, best_trial_id, knee_batch, subject_history
 
 
 def _axes(ax: Any = None, size: tuple[float, float] = (6.4, 4.0)) -> Any:

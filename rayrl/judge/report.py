@@ -19,16 +19,16 @@ from typing import Any, Iterable, Sequence
 
 import pandas as pd
 
-from rayrl import cost, keys
+from rayrl.observe import cost, keys
 from rayrl.judge import security
 from rayrl.judge.acceptance import FAIL, PARTS, Check, part_verdicts
 from rayrl.judge.evaluation import evaluate, ladder_costs, run_costs
 from rayrl.judge.plots import figures
-from rayrl.judge.runfolder import RunFolder, RunFolderError, load, subject_history
+from rayrl.judge.folder import RunFolder, RunFolderError, load, subject_history
 from rayrl.storage.files import write_local
 from rayrl.storage.mirror import publish
+from rayrl.errors import EXIT_USAGE
 
-EXIT_USAGE = 2
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The report's security section: pure verdicts on posture.json (rayrl.posture records it).
+"""The report's security section: pure verdicts on posture.json (rayrl.security.posture records it).
 
 Not a sixth acceptance part (the guide's five stay five): a separate table with the same
 PASS / FAIL / N/A words, so a run that trains well on an open cluster still shows red here.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from rayrl.judge.acceptance import FAIL, NA, PASS, Check
-from rayrl.posture import off_loopback
+from rayrl.security.posture import off_loopback
 
 PART = "security"
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rayrl.spec import SpecError
+from rayrl.errors import SpecError
 
 MODULE_PATH = Path("learner_group", "learner", "rl_module", "default_policy")
 

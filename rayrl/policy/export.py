@@ -12,8 +12,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rayrl.args import Parser, fail
+from rayrl.errors import EXIT_USAGE
 from rayrl.policy.checkpoints import find_checkpoint
-from rayrl.spec import SpecError
+from rayrl.errors import SpecError
 
 FORMATS = ("onnx", "torchscript")
 SUFFIX = {"onnx": ".onnx", "torchscript": ".pt"}
@@ -99,9 +101,8 @@ def sidecar(spec: dict, observation_space: Any, action_space: Any, fmt: str, *, 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rayrl.cli import _Parser
 
-    p = _Parser(prog="rayrl export", description="Export the best (or --trial) trial's policy from a run folder "
+    p = Parser(prog="rayrl export", description="Export the best (or --trial) trial's policy from a run folder "
                 "as a standalone ONNX or TorchScript file (no Ray or RLlib needed to run it), with FILE.json "
                 "beside it describing the observation it takes and the action it returns. ONNX needs the export "
                 "extra: pip install 'rayrl[export]'.")
@@ -114,7 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from rayrl.cli import EXIT_USAGE, _fail
 
     args = build_parser().parse_args(argv)
     try:
@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "folder.")
         spec = _run_spec(Path(args.run_dir))
     except SpecError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return EXIT_USAGE
     from rayrl.policy.checkpoints import connector_names, load_module
 

@@ -11,8 +11,10 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
+from rayrl.args import Parser, fail
+from rayrl.errors import EXIT_USAGE
 from rayrl.policy.checkpoints import find_checkpoint
-from rayrl.spec import SpecError
+from rayrl.errors import SpecError
 
 
 def make_env(env: dict, video_dir: Path | None) -> Any:
@@ -62,9 +64,8 @@ def play(module: Any, env: Any, episodes: int, deterministic: bool, seed: int) -
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rayrl.cli import _Parser
 
-    p = _Parser(prog="rayrl play", description="Play the best (or --trial) trial's policy from a run folder for "
+    p = Parser(prog="rayrl play", description="Play the best (or --trial) trial's policy from a run folder for "
                 "N episodes; print each return, the mean and the spread, and write RUN_DIR/play.json (read by "
                 "`rayrl report`). --video needs moviepy: pip install 'rayrl[export]'.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder, {storage}/{name}")
@@ -82,7 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import yaml
 
     from rayrl import runtime
-    from rayrl.cli import EXIT_USAGE, _fail
 
     args = build_parser().parse_args(argv)
     run_dir = Path(args.run_dir)
@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = (yaml.safe_load(spec_path.read_text()) or {}) if spec_path.is_file() else {}
         env = make_env(spec.get("env") or {}, video_dir)
     except SpecError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return EXIT_USAGE
     from rayrl.policy.checkpoints import load_module
 

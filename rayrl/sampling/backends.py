@@ -14,21 +14,6 @@ import gymnasium as gym
 import numpy as np
 
 
-def envpool_missing() -> str | None:
-    """Why EnvPool cannot be used here (None when it can)."""
-    try:
-        import envpool  # noqa: F401
-    except Exception as exc:  # ImportError, or a wheel built for another numpy/glibc
-        return f"{type(exc).__name__}: {exc}"
-    return None
-
-
-def envpool_ids() -> list[str]:
-    import envpool
-
-    return list(envpool.list_all_envs())
-
-
 def gymnasium_vector(env_id: str, num_envs: int, env_config: dict) -> gym.vector.VectorEnv | None:
     """gymnasium's numpy-vectorised env for ``env_id``, or None when it registers none."""
     if env_id not in gym.registry or gym.spec(env_id).vector_entry_point is None:

@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from rayrl.spec import SpecError, build_section, doc
+from rayrl.errors import SpecError
+from rayrl.spec import build_section, doc
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from rayrl.judge import runfolder
-from rayrl.judge.runfolder import RunFolder, RunFolderError
+from rayrl import runfolder
+from rayrl.judge.folder import RunFolder, RunFolderError, best_trial_id, knee_batch, load
 from rayrl.scale.model import Measured, fit_critical_batch, min_env_steps
 
 RLLIB_TIMER_EMA = 0.01
@@ -79,14 +79,14 @@ def trial_progress(run: RunFolder) -> tuple[pd.DataFrame, str]:
     root = run.path
     candidates: list[tuple[str, str]] = []
     if run.kind == "sweep":
-        best = runfolder.best_trial_id(run)
+        best = best_trial_id(run)
         if best:
-            candidates.append(("phase2", best))
-        knee = runfolder.knee_batch(run)
-        rungs = run.history[(run.history["phase"] == "doubling") & (run.history["batch_size"] == knee)]
-        candidates += [("phase1", str(t)) for t in rungs["trial_id"].unique()]
+            candidates.append((runfolder.PHASE_DIRS[runfolder.SEARCH], best))
+        knee = knee_batch(run)
+        rungs = run.history[(run.history["phase"] == runfolder.LADDER) & (run.history["batch_size"] == knee)]
+        candidates += [(runfolder.PHASE_DIRS[runfolder.LADDER], str(t)) for t in rungs["trial_id"].unique()]
     else:
-        candidates += [("tune", str(t)) for t in run.history["trial_id"].dropna().unique()]
+        candidates += [(runfolder.PHASE_DIRS[runfolder.TRAIN], str(t)) for t in run.history["trial_id"].dropna().unique()]
     for folder, trial in candidates:
         for path in sorted((root / folder).glob(f"*{trial}*/progress.csv")):
             frame = pd.read_csv(path)
@@ -104,7 +104,7 @@ def target_points(run: RunFolder, target: float | None = None) -> list[tuple[flo
         return []
     points = []
     for trial, rows in run.history.groupby("trial_id"):
-        if (rows["phase"] == "doubling").all():
+        if (rows["phase"] == runfolder.LADDER).all():
             continue
         rows = rows.sort_values("env_steps")
         hit = rows[rows["episode_return_mean"] >= target]
@@ -117,7 +117,7 @@ def target_points(run: RunFolder, target: float | None = None) -> list[tuple[flo
 def measure(run_dir: str | Path, grad_bytes: float | None = None, critical_batch: float | None = None,
             target: float | None = None) -> tuple[Measured, dict[str, Any]]:
     """The model's inputs from ``run_dir``, and a dict saying where each came from (for plan.json)."""
-    run = runfolder.load(run_dir)
+    run = load(run_dir)
     spec, res = run.spec, run.sections["resources"]
     algo = spec.get("algo") or {}
     env = spec.get("env") or {}

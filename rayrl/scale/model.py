@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rayrl import cost
+from rayrl.observe import cost
 from rayrl.scale.cluster import ClusterSpec
 from rayrl.spec import CostSpec
 

@@ -17,16 +17,13 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Sequence
 
-from rayrl import cost
-from rayrl.judge.runfolder import RunFolderError
+from rayrl.observe import cost
+from rayrl.judge.folder import RunFolderError
 from rayrl.scale import cluster as cluster_mod
 from rayrl.scale import model, schedule
 from rayrl.scale.measure import measure
-from rayrl.spec import SpecError
+from rayrl.errors import EXIT_USAGE, SpecError
 
-EXIT_USAGE = 2
-ROW_KEYS = ("gpus", "nodes", "env_runners", "env_steps_per_s", "efficiency", "usd_per_hour",
-            "usd_per_million_samples", "hours_to_target", "usd_to_target")
 SHORTER = 0.10  # the design's figure: what a run made 10% shorter saves
 
 
@@ -129,10 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check(args)
         cl = cluster_mod.load(args.cluster)
-        from rayrl.judge import runfolder
+        from rayrl.judge import folder
 
         m, sources = measure(args.run_dir, args.grad_bytes, args.critical_batch, args.target)
-        plan = build(m, cl, runfolder.load(args.run_dir).prices, args.gpus, args.deadline)
+        plan = build(m, cl, folder.load(args.run_dir).prices, args.gpus, args.deadline)
     except (SpecError, RunFolderError) as exc:
         sys.stderr.write(textwrap.fill(f"rayrl plan: error: {exc}", width=100) + "\n")
         return EXIT_USAGE

@@ -1,6 +1,6 @@
 """The scale-out schedule: grow at most 2x per step, and stop when a step gains less than 15%.
 
-The guide's rule, as for the batch ladder (rayrl.throughput): each step at most doubles the
+The guide's rule, as for the batch ladder (rayrl.sweep.ladder): each step at most doubles the
 GPUs of the last; after each step the *measured* gain is the gate (>= ``min_gain`` to go on).
 The plan predicts each step's gain; the first step predicted below the gate is where the
 schedule ends. The gain is in time to target when the run reached its target (more env steps

@@ -20,7 +20,7 @@ import time
 import uuid
 from typing import Any, Callable
 
-from rayrl.spec import SpecError
+from rayrl.errors import LockHeld
 from rayrl.storage import files
 
 log = logging.getLogger("rayrl.storage.lock")
@@ -28,10 +28,6 @@ log = logging.getLogger("rayrl.storage.lock")
 LOCK_FILE = ".rayrl-lock.json"
 STALE_S = float(os.environ.get("RAYRL_LOCK_STALE_S", "120"))
 SETTLE_S = 0.5
-
-
-class LockHeld(SpecError):
-    """Another live process runs this name; the message names it and what to do."""
 
 
 def process_start(pid: int) -> float | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from rayrl.spec import SpecError
+from rayrl.errors import SpecError
 
 OBJECT_SCHEMES = ("s3", "gs", "gcs")
 SCHEMES = ("file", "s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs")

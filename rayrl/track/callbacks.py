@@ -13,9 +13,9 @@ from typing import Any
 from ray.air.integrations.mlflow import MLflowLoggerCallback
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, TBXLoggerCallback
 
-from rayrl import keys
+from rayrl.observe import keys
 from rayrl.spec import Spec
-from rayrl.track.naming import PHASE_LABELS, rayrl_metrics, trial_params
+from rayrl.track.naming import rayrl_metrics, trial_params
 
 
 def logger_callbacks(spec: Spec, phase: str, run_name: str) -> list:
@@ -55,7 +55,7 @@ class MLflowTracker(MLflowLoggerCallback):
     keys), metrics are rayrl's result keys, stepped by env steps; tagged with the phase."""
 
     def __init__(self, spec: Spec, phase: str, **kwargs: Any) -> None:
-        super().__init__(tags={"rayrl.phase": PHASE_LABELS.get(phase, phase)}, **kwargs)
+        super().__init__(tags={"rayrl.phase": phase}, **kwargs)
         self.spec = spec
 
     def log_trial_start(self, trial: Any) -> None:

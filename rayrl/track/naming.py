@@ -6,10 +6,8 @@ import math
 import numbers
 from typing import Any, Mapping
 
-from rayrl import keys
+from rayrl.observe import keys
 from rayrl.spec import Spec, to_dict
-
-PHASE_LABELS = {"train": "train", "doubling": "phase1", "search": "phase2"}
 
 # Result keys outside the rayrl section that rayrl's readers use, under the names trackers show.
 TRACKED = {keys.ENV_STEPS: "rayrl/env_steps", keys.EPISODE_RETURN: "rayrl/episode_return_mean",
@@ -17,12 +15,12 @@ TRACKED = {keys.ENV_STEPS: "rayrl/env_steps", keys.EPISODE_RETURN: "rayrl/episod
 
 
 def run_name(trial: Any, phase: str) -> str:
-    """'phase2_b2048_lr3.0e-04_ab12c_00003': phase, batch and lr readable in any tracker's run list."""
+    """'search_b2048_lr3.0e-04_ab12c_00003': phase, batch and lr readable in any tracker's run list."""
     config = getattr(trial, "config", {}) or {}
     batch = config.get("train_batch_size_per_learner", config.get("_train_batch_size_per_learner"))
     lr = config.get("rayrl_lr", config.get("lr"))
     lr_text = f"{lr:.1e}" if isinstance(lr, (int, float)) else "na"
-    return f"{PHASE_LABELS.get(phase, phase)}_b{batch}_lr{lr_text}_{trial.trial_id}"
+    return f"{phase}_b{batch}_lr{lr_text}_{trial.trial_id}"
 
 
 def rayrl_metrics(result: Mapping[str, Any]) -> dict[str, float]:

@@ -8,7 +8,7 @@ from typing import Any
 from ray.air.integrations.wandb import WandbLoggerCallback, _get_wandb_project
 
 from rayrl.spec import WandbSpec
-from rayrl.track.naming import PHASE_LABELS
+
 
 
 class WandbTracker(WandbLoggerCallback):
@@ -28,5 +28,5 @@ class WandbTracker(WandbLoggerCallback):
 def wandb_callback(w: WandbSpec, run_name: str, phase: str) -> WandbTracker:
     """The callback for one Tuner: project, group (default: run name/phase) and mode from the spec."""
     project = w.project or os.environ.get("WANDB_PROJECT") or run_name
-    group = w.group or f"{run_name}/{PHASE_LABELS.get(phase, phase)}"
+    group = w.group or f"{run_name}/{phase}"
     return WandbTracker(project=project, group=group, mode=w.mode)

@@ -16,18 +16,19 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from rayrl import cost, keys
-from rayrl.spec import SpecError
+from rayrl import runfolder
+from rayrl.errors import SpecError
+from rayrl.observe import cost, keys
+from rayrl.spec import judged_by
+from rayrl.runfolder import CONFIRM_COLUMNS, DECISIONS, DOUBLING_COLUMNS, HISTORY_COLUMNS, TRIALS_COLUMNS
 from rayrl.storage.mirror import fetch
 from rayrl.storage.uri import is_uri
-from rayrl.sweep import pick_best
+from rayrl.tune.resources import trial_resources
 
-DOUBLING_COLUMNS = ("batch_size", "env_steps_per_s", "gain", "decision")
-DECISIONS = ("expand", "stop", "cap", "failed")
-TRIALS_COLUMNS = ("trial_id", "batch_size", "lr", "env_steps", "episode_return_mean", "status")
-CONFIRM_COLUMNS = ("candidate", "phase2_trial_id", "batch_size", "lr", "seed", "trial_id", "env_steps", "wall_s",
-                   "usd", "episode_return_mean", "reached")  # rayrl.confirm.CONFIRM_COLUMNS
-STRING_COLUMNS = ("trial_id", "phase", "backend", "precision", "decision", "status", "phase2_trial_id", "reached")
+# confirm.csv's ``stopped`` came later: a run folder from before it still reads (as empty)
+CONFIRM_REQUIRED = tuple(c for c in CONFIRM_COLUMNS if c != "stopped")
+STRING_COLUMNS = ("trial_id", "phase", "backend", "precision", "decision", "status", "phase2_trial_id", "reached",
+                  "stopped")
 # history.csv columns read as counts: NaN (not reported) is fine, an infinity is damage.
 WHOLE_HISTORY_COLUMNS = ("batch_size", keys.ITERATION, "env_steps", "nonfinite_steps", "num_learners")
 
@@ -70,7 +71,8 @@ class RunFolder:
         res = self.summary.get("resources") or {}
         if "gpus_per_trial" in res and "cpus_per_trial" in res:
             return cost.TrialResources(gpus=float(res["gpus_per_trial"]), cpus=float(res["cpus_per_trial"]))
-        return cost.trial_resources(self.sections["resources"])
+        ev = self.sections["evaluation"]
+        return trial_resources(self.sections["resources"], ev.env_runners if ev.interval > 0 else 0)
 
     @property
     def target_return(self) -> float | None:
@@ -80,8 +82,7 @@ class RunFolder:
     @property
     def judged_by(self) -> str:
         """The return the run was ranked and stopped by (see rayrl.spec.EvaluationSpec.judge)."""
-        e = self.sections["evaluation"]
-        return "evaluation" if e.interval > 0 and e.judge == "evaluation" else "training"
+        return judged_by(self.sections["evaluation"])
 
     @property
     def return_column(self) -> str:
@@ -112,12 +113,13 @@ def load(path: str | Path) -> RunFolder:
     summary = _read_json(root / "summary.json", required=False)
     kind = summary.get("kind") if summary else None
     if kind is None:
-        kind = "sweep" if (root / "doubling.csv").exists() else "train"
+        kind = "sweep" if (root / runfolder.DOUBLING).exists() else "train"
     if kind not in ("sweep", "train"):
         raise RunFolderError(f"{root / 'summary.json'}: kind {kind!r} is unknown; expected 'sweep' or 'train'.")
     notes: list[str] = []
     run = RunFolder(path=root, kind=kind, spec=spec, summary=summary or {}, source=source,
-                    history=_read_csv(root / "history.csv", keys.HISTORY_COLUMNS), notes=notes)
+                    history=_read_csv(root / runfolder.HISTORY, HISTORY_COLUMNS), notes=notes)
+    run.history["phase"] = run.history["phase"].replace(runfolder.OLD_PHASE_NAMES)
     _check_numbers(root / "history.csv", run.history, WHOLE_HISTORY_COLUMNS, required=False)
     _check_summary(root / "summary.json", run.summary)
     run.sections = _spec_sections(root / "spec.yaml", spec)
@@ -138,7 +140,7 @@ def load(path: str | Path) -> RunFolder:
         run.trials = _read_csv(root / "trials.csv", TRIALS_COLUMNS, allow_empty=True)
         _check_numbers(root / "trials.csv", run.trials, ("batch_size", "lr"), required=True)
         if (root / "confirm.csv").exists():
-            run.confirm = _read_csv(root / "confirm.csv", CONFIRM_COLUMNS, allow_empty=True)
+            run.confirm = _read_csv(root / "confirm.csv", CONFIRM_REQUIRED, allow_empty=True)
             _check_numbers(root / "confirm.csv", run.confirm, ("candidate", "batch_size", "lr", "seed"), required=True)
             run.confirm["reached"] = run.confirm["reached"].eq("True")
         run.best_config = _read_yaml(root / "best_config.yaml", required=False) or None
@@ -153,7 +155,7 @@ def load(path: str | Path) -> RunFolder:
 
 def best_trial_id(run: RunFolder) -> str | None:
     """The trial that speaks for summary.json's best: its phase-2 trial (by trial_id, else batch size and lr),
-    a confirmation run when the winner never ran in phase 2, else sweep.pick_best's."""
+    a confirmation run when the winner never ran in phase 2, else the top of runfolder.rank_trials."""
     trials = run.trials
     if trials is None or trials.empty:
         return None
@@ -177,8 +179,8 @@ def best_trial_id(run: RunFolder) -> str | None:
     # No usable summary: the sweep's own rule over trials.csv.
     numeric = trials.assign(**{c: pd.to_numeric(trials[c], errors="coerce")
                                for c in ("env_steps", "episode_return_mean")})
-    top = pick_best(numeric.astype(object).where(numeric.notna(), None).to_dict("records"))
-    return None if top is None else str(top["trial_id"])
+    ranked = runfolder.rank_trials(numeric.astype(object).where(numeric.notna(), None).to_dict("records"))
+    return str(ranked[0]["trial_id"]) if ranked else None
 
 
 def subject_history(run: RunFolder) -> pd.DataFrame:
@@ -186,7 +188,7 @@ def subject_history(run: RunFolder) -> pd.DataFrame:
     h = run.history
     if run.kind == "train":
         member = (run.summary.get("population") or {}).get("best_trial_id")
-        if member is not None:  # a PBT population (rayrl.population): its best member
+        if member is not None:  # a PBT population (rayrl.train.population): its best member
             h = h[h["trial_id"].astype(str) == str(member)]
         return h.sort_values(keys.ITERATION, kind="stable").reset_index(drop=True)
     trial = best_trial_id(run)
@@ -199,17 +201,16 @@ def knee_batch(run: RunFolder) -> int | None:
     """The knee of the doubling ladder: summary.json's figure, else the ladder's last paying rung."""
     if run.summary.get("knee_batch_size") is not None:
         return int(run.summary["knee_batch_size"])
-    return ladder_knee(run.doubling) if run.doubling is not None else None
+    return runfolder.knee(ladder_rows(run.doubling)) if run.doubling is not None else None
 
 
-def ladder_knee(doubling: pd.DataFrame) -> int | None:
-    """The last rung before the first 'stop' or 'failed' (a 'cap' rung is itself the knee)."""
-    knee = None
-    for _, row in doubling.iterrows():
-        if row["decision"] in ("stop", "failed"):
-            break
-        knee = int(row["batch_size"])
-    return knee
+def ladder_rows(doubling: pd.DataFrame) -> list[runfolder.LadderRow]:
+    """doubling.csv's frame as the ladder rules' rows."""
+    def num(v: Any) -> float | None:
+        return None if pd.isna(v) else float(v)
+
+    return [runfolder.LadderRow(int(r["batch_size"]), num(r["env_steps_per_s"]), num(r["gain"]), str(r["decision"]))
+            for _, r in doubling.iterrows()]
 
 
 def _read_yaml(path: Path, required: bool) -> dict:
@@ -295,7 +296,7 @@ def _spec_sections(path: Path, spec: dict) -> dict[str, Any]:
                "evaluation": spec_mod.EvaluationSpec}
     try:
         return {name: spec_mod.build_section(cls, spec.get(name), name) for name, cls in classes.items()}
-    except spec_mod.SpecError as exc:
+    except SpecError as exc:
         raise RunFolderError(f"{path}: {exc} The file is damaged.") from None
 
 

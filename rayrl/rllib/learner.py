@@ -31,9 +31,10 @@ from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
 from ray.rllib.algorithms.impala.torch.impala_torch_learner import IMPALATorchLearner
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 
-from rayrl.spec import PRECISIONS, Spec, SpecError, import_callable
+from rayrl.errors import SpecError
+from rayrl.spec import PRECISIONS, Spec, import_callable
 
-# Per-module learner metrics; rayrl.algo.RayrlCallback copies them into result["rayrl"].
+# Per-module learner metrics; rayrl.rllib.callback.RayrlCallback copies them into result["rayrl"].
 NONFINITE_STEPS = "rayrl_nonfinite_steps"      #: skipped non-finite steps, lifetime (rank 0 counts)
 OVERFLOW_STEPS = "rayrl_overflow_steps"        #: fp16 steps skipped by the loss scaler, lifetime
 LOSS_SCALE = "rayrl_loss_scale"                #: fp16 dynamic loss scale after the last step

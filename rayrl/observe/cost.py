@@ -16,14 +16,15 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from rayrl.spec import CostSpec, ResourcesSpec, build_section
+from rayrl.spec import CostSpec, build_section
 
 SECONDS_PER_HOUR = 3600.0
 
 
 @dataclass(frozen=True)
 class TrialResources:
-    """What one trial holds for its whole life: GPUs and CPUs (fractions allowed)."""
+    """What one trial holds for its whole life: GPUs and CPUs (fractions allowed; rayrl.tune.resources
+    models it from the spec)."""
 
     gpus: float
     cpus: float
@@ -84,30 +85,6 @@ def savings(cost_usd: float, shorter_fraction: float) -> float:
     return cost_usd * shorter_fraction
 
 
-def trial_resources(resources: ResourcesSpec | Mapping[str, Any]) -> TrialResources:
-    """GPUs and CPUs one trial reserves, from the spec's ``resources`` section.
-
-    Mirrors RLlib's placement group: the trial's own process (1 CPU; with learners: 0 it also
-    hosts the learner, and takes gpus_per_learner GPUs), plus each env runner and each remote
-    learner with its CPUs and GPUs.
-    """
-    r = _resources_spec(resources)
-    cpus = 1.0 + r.env_runners * r.cpus_per_env_runner
-    if r.learners == 0:
-        gpus = r.gpus_per_learner
-    else:
-        gpus = r.learners * r.gpus_per_learner
-        cpus += r.learners * r.cpus_per_learner
-    return TrialResources(gpus=float(gpus), cpus=float(cpus))
-
-
 def prices_from(data: CostSpec | Mapping[str, Any] | None) -> CostSpec:
     """A CostSpec from the spec's ``cost`` section (plain data or the dataclass), validated as the spec is."""
     return data if isinstance(data, CostSpec) else build_section(CostSpec, data, "cost")
-
-
-def _resources_spec(data: ResourcesSpec | Mapping[str, Any]) -> ResourcesSpec:
-    if isinstance(data, ResourcesSpec):
-        return data
-    fields = ("env_runners", "learners", "gpus_per_learner", "cpus_per_learner", "cpus_per_env_runner")
-    return ResourcesSpec(**{k: data[k] for k in fields if k in (data or {})})

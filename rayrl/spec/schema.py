@@ -1,8 +1,7 @@
-"""The experiment spec: one YAML file -> frozen dataclasses, validated before any Ray work.
+"""The spec's schema: every section a frozen dataclass, every field documented where it is declared.
 
-Every field is documented where it is declared (``doc`` metadata); ``rayrl spec`` prints the
-same table, so the YAML, the docs and the code cannot drift apart. All user errors raise
-:class:`SpecError`, whose message names the field, the value and what would be valid.
+The ``doc`` metadata is what ``rayrl spec`` prints (:func:`field_table`) and what README's spec
+section is checked against, field by field (tests/test_readme.py).
 """
 
 from __future__ import annotations
@@ -19,6 +18,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from rayrl.errors import SpecError
+
 ALGORITHMS = ("PPO", "APPO", "IMPALA")
 LR_SCALING = ("none", "linear", "sqrt")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -30,10 +31,6 @@ RUNNERS = ("fast", "rllib")
 ENV_BACKENDS = ("gymnasium", "envpool")
 OBJECTIVES = ("usd", "wall_s", "env_steps")
 WANDB_MODES = ("online", "offline")
-
-
-class SpecError(ValueError):
-    """A user's experiment spec (YAML or --set override) is invalid; the message says how."""
 
 
 def doc(default: Any, text: str, **kw: Any) -> Any:
@@ -305,7 +302,12 @@ class Spec:
     @property
     def judged_by(self) -> str:
         """The return runs are ranked and stopped by: "evaluation" (when on and chosen) or "training"."""
-        return "evaluation" if self.evaluation.interval > 0 and self.evaluation.judge == "evaluation" else "training"
+        return judged_by(self.evaluation)
+
+
+def judged_by(evaluation: EvaluationSpec) -> str:
+    """"evaluation" when evaluation is on and judges, else "training" (the run folder's readers ask too)."""
+    return "evaluation" if evaluation.interval > 0 and evaluation.judge == "evaluation" else "training"
 
 
 def scaled_lr(lr: float, learners: int, rule: str) -> float:
@@ -320,336 +322,8 @@ def scaled_lr(lr: float, learners: int, rule: str) -> float:
     raise SpecError(f"resources.lr_scaling: {rule!r} is not a scaling rule; valid: {', '.join(LR_SCALING)}.")
 
 
-# ---------------------------------------------------------------------------------------------
-# Building from plain data
-
-
-def _is_spec(tp: Any) -> bool:
+def is_section(tp: Any) -> bool:
     return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _describe(tp: Any) -> str:
-    if tp is float:
-        return "a number"
-    if tp is int:
-        return "an integer"
-    if tp is bool:
-        return "true or false"
-    if tp is str:
-        return "a string"
-    if tp is list:
-        return "a list"
-    if tp is dict:
-        return "a mapping"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _convert(path: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (tp,) = [a for a in args if a is not type(None)]
-    if _is_spec(tp):
-        return build_section(tp, value, path)
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string; accept what float() does
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SpecError(f"{path}: {value!r} is not a number; expected {_describe(tp)}.")
-        if isinstance(value, int) and abs(value) >= 2 ** 1023:  # float() would raise OverflowError
-            raise SpecError(f"{path}: an integer of {len(str(abs(value)))} digits is too large; expected a "
-                            "finite number.")
-        value = float(value)
-        if not math.isfinite(value):
-            raise SpecError(f"{path}: {value!r} is not finite; expected a finite number.")
-    elif tp is int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SpecError(f"{path}: {value!r} is not an integer; expected {_describe(tp)}.")
-    elif tp is bool:
-        if not isinstance(value, bool):
-            raise SpecError(f"{path}: {value!r} is not true or false.")
-    elif tp is str:
-        if not isinstance(value, str) or not value:
-            raise SpecError(f"{path}: {value!r} is not a non-empty string.")
-    elif tp is dict:
-        if not isinstance(value, dict):
-            raise SpecError(f"{path}: {value!r} is not a mapping; expected key: value pairs.")
-        value = dict(value)
-    elif tp is list:
-        if not isinstance(value, (list, tuple)) or not value:
-            raise SpecError(f"{path}: {value!r} is not a non-empty list.")
-        item = meta.get("item")
-        if item is int and any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value):
-            raise SpecError(f"{path}: {value!r} must list positive integers, e.g. [64, 64].")
-        value = list(value)
-    _check_range(path, value, meta)
-    return value
-
-
-def _check_range(path: str, value: Any, meta: Mapping[str, Any]) -> None:
-    if "choices" in meta and value not in meta["choices"]:
-        near = [c for c in meta["choices"] if c.lower() == str(value).lower()] or \
-            difflib.get_close_matches(str(value), meta["choices"], n=1, cutoff=0.4)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        raise SpecError(f"{path}: {value!r} is not valid{hint}; valid: {', '.join(meta['choices'])}.")
-    bounds = [("min", ">=", lambda v, b: v >= b), ("ge", ">=", lambda v, b: v >= b),
-              ("gt", ">", lambda v, b: v > b), ("le", "<=", lambda v, b: v <= b),
-              ("lt", "<", lambda v, b: v < b)]
-    for key, op, ok in bounds:
-        if key in meta and isinstance(value, (int, float)) and not ok(value, meta[key]):
-            raise SpecError(f"{path}: {value!r} is out of range; it must be {op} {meta[key]}.")
-
-
-def build_section(cls: type, data: Any, path: str) -> Any:
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise SpecError(f"{path or 'spec'}: {data!r} is not a mapping; expected a section of key: value "
-                        f"pairs with keys {', '.join(f.name for f in dataclasses.fields(cls))}.")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in data.items():
-        where = f"{path}.{key}" if path else str(key)
-        if key not in fields:
-            near = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
-            hint = f"did you mean {near[0]!r}? " if near else ""
-            if where in MOVED:
-                hint = f"it moved to {MOVED[where]}; "
-            raise SpecError(f"{where}: unknown key; {hint}valid keys{' in ' + path if path else ''}: "
-                            f"{', '.join(fields)}.")
-        kwargs[key] = _convert(where, value, hints[key], fields[key].metadata)
-    return cls(**kwargs)
-
-
-def from_dict(data: Mapping[str, Any] | None) -> Spec:
-    """Build and validate a Spec from plain data (a parsed YAML tree)."""
-    spec = build_section(Spec, data, "")
-    validate(spec)
-    return spec
-
-
-def validate(spec: Spec) -> None:
-    """Cross-field rules that single fields cannot express."""
-    a, s = spec.algo, spec.search
-    if a.minibatch_size > a.train_batch_per_learner:
-        raise SpecError(f"algo.minibatch_size: {a.minibatch_size} is larger than algo.train_batch_per_learner "
-                        f"({a.train_batch_per_learner}); it must be at most the train batch.")
-    if spec.stop.env_steps is None and spec.stop.episode_return is None and spec.stop.wall_s is None:
-        raise SpecError("stop: env_steps, episode_return and wall_s are all null; set at least one so the run "
-                        "ends.")
-    if s.lr_min >= s.lr_max:
-        raise SpecError(f"search.lr_min: {s.lr_min} is not below search.lr_max ({s.lr_max}); the lr range "
-                        "must be non-empty.")
-    if s.doubling.cap < s.doubling.start:
-        raise SpecError(f"search.doubling.cap: {s.doubling.cap} is below search.doubling.start "
-                        f"({s.doubling.start}); the cap must admit the first rung.")
-    if s.grace_env_steps > s.max_env_steps:
-        raise SpecError(f"search.grace_env_steps: {s.grace_env_steps} exceeds search.max_env_steps "
-                        f"({s.max_env_steps}); the grace period must fit in the budget.")
-    if spec.resources.gpus_per_learner > 0 and spec.resources.learners == 0 and \
-            spec.resources.gpus_per_learner != 1:
-        raise SpecError(f"resources.gpus_per_learner: {spec.resources.gpus_per_learner} with learners: 0; "
-                        "the local learner takes 0 or 1 GPU.")
-    check_conv_filters(spec.model.conv_filters)
-    check_env(spec.env.id)
-    check_backend(spec.env)
-    check_tracking(spec.tracking)
-    pop = spec.population
-    if pop.size == 1:
-        raise SpecError("population.size: 1 is not a population; give 0 (one trial) or 2 or more (PBT).")
-    if pop.entropy_min > pop.entropy_max:
-        raise SpecError(f"population.entropy_min: {pop.entropy_min} is above population.entropy_max "
-                        f"({pop.entropy_max}); the entropy range must be non-empty.")
-
-
-def check_tracking(t: TrackingSpec) -> None:
-    """Credentials stay out of the spec (and so out of the run folder); enabled tools must be installed."""
-    from urllib.parse import urlsplit
-
-    from rayrl.extras import require
-
-    uri = t.mlflow.tracking_uri
-    if uri and "@" in urlsplit(uri).netloc:
-        raise SpecError("tracking.mlflow.tracking_uri: the URI carries a user or password; credentials never go "
-                        "in the spec (it is copied to the run folder): give the URI without them and set "
-                        "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN).")
-    if t.mlflow.enabled:
-        require("mlflow", "tracking", "tracking.mlflow.enabled")
-    if t.wandb.enabled:
-        require("wandb", "tracking", "tracking.wandb.enabled")
-    if t.tensorboard:
-        require("tensorboardX", "tracking", "tracking.tensorboard")
-
-
-def check_backend(env: EnvSpec) -> None:
-    """envpool only with the fast runner, installed, and for an id EnvPool implements."""
-    if env.backend != "envpool":
-        return
-    if env.runner != "fast":
-        raise SpecError(f"env.backend: 'envpool' with env.runner {env.runner!r}; EnvPool is stepped by the fast "
-                        "runner only: set env.runner: fast or env.backend: gymnasium.")
-    from rayrl.sampling import backends
-
-    missing = backends.envpool_missing()
-    if missing:
-        raise SpecError(f"env.backend: 'envpool' cannot be imported here ({missing}); pip install envpool, or "
-                        "set env.backend: gymnasium.")
-    if env.id not in backends.envpool_ids():
-        near = difflib.get_close_matches(env.id, backends.envpool_ids(), n=1, cutoff=0.6)
-        hint = f"did you mean {near[0]!r}? " if near else ""
-        raise SpecError(f"env.backend: 'envpool' has no env {env.id!r}; {hint}give an id EnvPool implements "
-                        "(envpool.list_all_envs()) or set env.backend: gymnasium.")
-
-
-def check_conv_filters(filters: list | None) -> None:
-    """Each CNN layer is [out_channels, [kernel_h, kernel_w], stride(, padding)]: positive integers, same|valid."""
-    if filters is None:
-        return
-    for i, layer in enumerate(filters):
-        ok = (isinstance(layer, (list, tuple)) and len(layer) in (3, 4) and isinstance(layer[1], (list, tuple))
-              and len(layer[1]) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                             for v in (layer[0], *layer[1], layer[2]))
-              and (len(layer) == 3 or layer[3] in ("same", "valid")))
-        if not ok:
-            raise SpecError(f"model.conv_filters[{i}]: {layer!r} is not a layer; each layer is [out_channels, "
-                            "[kernel_h, kernel_w], stride] of positive integers with an optional padding, same "
-                            "or valid, e.g. [16, [8, 8], 4] or [256, [11, 11], 1, valid]; null takes the default "
-                            "for the image size.")
-
-
-def check_env(env_id: str) -> None:
-    """Fail early on an env id that neither gymnasium nor an import path can resolve."""
-    if ":" in env_id:
-        resolve_factory(env_id)
-        return
-    import gymnasium
-
-    if env_id not in gymnasium.registry:  # ALE ids (ALE/Pong-v5, PongNoFrameskip-v4) appear once ale-py registers
-        try:
-            import ale_py
-
-            gymnasium.register_envs(ale_py)
-        except ImportError as exc:
-            if env_id.startswith("ALE/"):
-                raise SpecError(f"env.id: {env_id!r} needs the ale-py package ({exc}); pip install ale-py.") from None
-    if env_id not in gymnasium.registry:
-        near = difflib.get_close_matches(env_id, list(gymnasium.registry), n=1, cutoff=0.6)
-        hint = f"did you mean {near[0]!r}? " if near else ""
-        raise SpecError(f"env.id: {env_id!r} is not a registered gymnasium env; {hint}give a gymnasium id "
-                        "(e.g. CartPole-v1) or a factory as 'package.module:function'.")
-
-
-def resolve_factory(target: str) -> Any:
-    """Import 'package.module:function'; the function builds the env from env_config."""
-    return import_callable(target, "env.id", "'package.module:function' importable on every node, or a "
-                           "gymnasium id")
-
-
-def import_callable(target: str, field_name: str, expected: str) -> Any:
-    """Import 'package.module:function' named by a user, or raise SpecError naming the field."""
-    module, _, name = str(target).partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError, TypeError) as exc:  # TypeError: a relative '.mod'
-        raise SpecError(f"{field_name}: {target!r} cannot be imported ({exc}); give {expected}.") from None
-    if not callable(fn):
-        raise SpecError(f"{field_name}: {target!r} is not callable; give {expected}.")
-    return fn
-
-
-# ---------------------------------------------------------------------------------------------
-# Files and overrides
-
-
-def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
-    """Read a YAML spec, apply ``--set a.b=value`` overrides, validate."""
-    return from_dict(apply_overrides(read_yaml(path), overrides))
-
-
-def read_yaml(path: str | Path) -> dict:
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"--config: {str(p)!r} does not exist or is not a file; give a YAML spec such as "
-                        "experiments/configs/cartpole_ppo.yaml.")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise SpecError(f"--config: {str(p)!r} is not valid YAML: {' '.join(str(exc).split())}") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"--config: {str(p)!r} is not a text file; give a YAML spec.") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise SpecError(f"--config: {str(p)!r} holds {type(data).__name__}, not a mapping of sections "
-                        f"({', '.join(f.name for f in dataclasses.fields(Spec))}).")
-    return data
-
-
-def apply_overrides(data: Mapping[str, Any], overrides: list[str] | tuple[str, ...]) -> dict:
-    """Apply dotted ``key.path=value`` overrides; values are parsed as YAML (1e-4, true, [64, 64])."""
-    out = _deep_copy(data)
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key or any(not part for part in key.split(".")):
-            raise SpecError(f"--set: {item!r} is not of the form section.key=value (e.g. algo.lr=1e-4).")
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            raise SpecError(f"--set {key}: {raw!r} is not a YAML value.") from None
-        node: dict = out
-        parts = key.split(".")
-        for i, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise SpecError(f"--set {key}: {'.'.join(parts[:i + 1])} is a value, not a section.")
-            node = child
-        node[parts[-1]] = value
-    return out
-
-
-def _deep_copy(data: Any) -> Any:
-    if isinstance(data, Mapping):
-        return {k: _deep_copy(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_deep_copy(v) for v in data]
-    return data
-
-
-def to_dict(spec: Any) -> dict:
-    """Plain data that :func:`from_dict` turns back into an equal Spec."""
-    return dataclasses.asdict(spec)
-
-
-def dumps(spec: Spec) -> str:
-    """The spec as the YAML text `rayrl train --config` reads."""
-    return yaml.safe_dump(to_dict(spec), sort_keys=False)
-
-
-def dump(spec: Spec, path: str | Path) -> None:
-    """Write the spec atomically (temp + fsync + rename) to a local file."""
-    from rayrl.storage.files import write_local
-
-    write_local(path, dumps(spec).encode())
-
-
-def replace(spec: Spec, **sections: Mapping[str, Any]) -> Spec:
-    """A copy of ``spec`` with some fields of some sections changed, validated again."""
-    data = to_dict(spec)
-    for section, changes in sections.items():
-        if isinstance(changes, Mapping):
-            data[section].update(changes)
-        else:
-            data[section] = changes
-    return from_dict(data)
 
 
 def field_table(cls: type = Spec, prefix: str = "") -> list[tuple[str, str, str]]:
@@ -658,7 +332,7 @@ def field_table(cls: type = Spec, prefix: str = "") -> list[tuple[str, str, str]
     for f in dataclasses.fields(cls):
         name = f"{prefix}{f.name}"
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if _is_spec(type(default)):
+        if is_section(type(default)):
             rows.extend(field_table(type(default), name + "."))
         else:
             rows.append((name, yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("..."

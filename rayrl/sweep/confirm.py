@@ -3,7 +3,7 @@
 Phase 2 runs each config once, on one seed, so its best trial is partly luck. The sweep re-runs
 the top ``search.confirm_top_k`` configs on ``search.confirm_seeds`` fresh seeds (never used by
 phase 1 or 2) and ships the config with the lowest *median* cost to the target return, where
-the cost is ``search.objective``: wall seconds, env steps or dollars (rayrl.cost's price model).
+the cost is ``search.objective``: wall seconds, env steps or dollars (rayrl.observe.cost's price model).
 A run that did not reach the target costs infinity, so a config that fails on most seeds cannot
 win on one lucky run. The spread is reported as rliable does (Agarwal et al., 2021): the median,
 the interquartile mean and a percentile-bootstrap interval.
@@ -13,7 +13,8 @@ to be at most B, a run whose cost passes B (2B for an even seed count) is stoppe
 median can no longer get below B gets no more runs. Such a run could only have moved a median that is
 already above B, so the choice is the one the full confirmation would make; the losers cost less.
 
-Pure functions of plain data (no Ray): the sweep (rayrl.sweep) calls them on Tune's results.
+Pure functions of plain data (no Ray): the sweep's confirm phase (rayrl.sweep.phases) calls them on
+Tune's results.
 """
 
 from __future__ import annotations
@@ -24,30 +25,17 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-OBJECTIVES = ("usd", "wall_s", "env_steps")
+from rayrl.runfolder import rank_trials
+from rayrl.spec import OBJECTIVES
+
 SEED_STRIDE = 1000  #: confirmation seeds are phase seed + k x this: far from the env seeds RLlib derives
-CONFIRM_COLUMNS = ("candidate", "phase2_trial_id", "batch_size", "lr", "seed", "trial_id", "env_steps", "wall_s",
-                   "usd", "episode_return_mean", "reached", "stopped")
-#: why a confirmation run ended (confirm.csv's ``stopped``): at the target, at the budget, stopped by the
-#: race (its outcome could no longer change the choice: past the best median so far), or errored
-STOP_REASONS = ("target", "budget", "race", "error")
-
-
-def rank(trials: Iterable[dict]) -> list[dict]:
-    """Phase-2 trials best first: those at the target by fewest env steps (ties: higher return), then
-    the rest by highest return; errored trials and trials with no return are left out."""
-    usable = [t for t in trials if t["episode_return_mean"] is not None and t["status"] != "error"]
-    reached = [t for t in usable if t["status"] == "reached_target" and t["env_steps"] is not None]
-    rest = [t for t in usable if not any(t is r for r in reached)]
-    return (sorted(reached, key=lambda t: (t["env_steps"], -t["episode_return_mean"]))
-            + sorted(rest, key=lambda t: -t["episode_return_mean"]))
 
 
 def top_configs(trials: Iterable[dict], k: int) -> list[dict]:
     """The ``k`` best distinct (batch size, lr) configs of phase 2, best first."""
     out: list[dict] = []
     seen: set[tuple] = set()
-    for t in rank(trials):
+    for t in rank_trials(trials):
         if len(out) >= k:
             break
         key = (int(t["batch_size"]), float(t["lr"]))

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import pickle
 from typing import Any
 
 from ray.tune.search import Searcher
 
-from rayrl import keys, throughput
+from rayrl.observe import keys
+from rayrl.sweep import ladder
 from rayrl.spec import Spec, scaled_lr
 
 
@@ -16,7 +16,7 @@ class DoublingSearcher(Searcher):
     """Proposes one rung at a time and reads its throughput, so the ladder is an ordinary Tune run.
 
     A rung's figure is the median env steps/s of its measured iterations after warm-up
-    (:func:`rayrl.throughput.rung_throughput`). State is saved with the experiment, so an
+    (:func:`rayrl.sweep.ladder.rung_throughput`). State is saved with the experiment, so an
     interrupted ladder resumes where it stopped.
     """
 
@@ -26,17 +26,17 @@ class DoublingSearcher(Searcher):
         self.start, self.factor, self.cap, self.min_gain = d.start, d.factor, d.cap, d.min_gain
         self.warmup, self.measure = d.warmup_iters, d.measure_iters
         self.base_batch, self.base_minibatch = spec.algo.train_batch_per_learner, spec.algo.minibatch_size
-        self.rungs: list[throughput.Rung] = []
+        self.rungs: list[ladder.Rung] = []
         self.pending: dict[str, int] = {}       # trial_id -> batch size
         self.samples: dict[str, dict[int, float]] = {}  # trial_id -> {iteration: env steps/s}
 
-    def rows(self) -> list[throughput.Row]:
-        return throughput.decide(self.rungs, factor=self.factor, cap=self.cap, min_gain=self.min_gain)
+    def rows(self) -> list[ladder.Row]:
+        return ladder.decide(self.rungs, factor=self.factor, cap=self.cap, min_gain=self.min_gain)
 
     def suggest(self, trial_id: str) -> dict | str | None:
         if self.pending:
             return None  # one rung at a time: the next depends on this one's figure
-        batch = throughput.next_batch(self.rungs, start=self.start, factor=self.factor, cap=self.cap,
+        batch = ladder.next_batch(self.rungs, start=self.start, factor=self.factor, cap=self.cap,
                                       min_gain=self.min_gain)
         if batch is None:
             return Searcher.FINISHED
@@ -44,7 +44,7 @@ class DoublingSearcher(Searcher):
         self.samples[trial_id] = {}
         return {
             "train_batch_size_per_learner": batch,
-            "minibatch_size": throughput.minibatch_for(batch, self.base_batch, self.base_minibatch),
+            "minibatch_size": ladder.minibatch_for(batch, self.base_batch, self.base_minibatch),
         }
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
@@ -59,8 +59,8 @@ class DoublingSearcher(Searcher):
         if batch is None:
             return
         series = [v for _, v in sorted(self.samples.get(trial_id, {}).items())]
-        sps = None if error else throughput.rung_throughput(series, self.warmup, self.measure)
-        self.rungs.append(throughput.Rung(batch, sps))
+        sps = None if error else ladder.rung_throughput(series, self.warmup, self.measure)
+        self.rungs.append(ladder.Rung(batch, sps))
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:
@@ -75,7 +75,7 @@ class DoublingSearcher(Searcher):
 
 class Phase2Space:
     """Optuna define-by-run space: lr log-uniform, batch from the admissible ladder and the sizes below its
-    start (rayrl.throughput.search_batches).
+    start (rayrl.sweep.ladder.search_batches).
 
     Returns the RLlib config keys as constants so the minibatch follows the batch and the lr
     follows the declared scaling rule. A class (not a closure) so Tune can pickle the searcher.
@@ -93,7 +93,7 @@ class Phase2Space:
         return {
             "lr": scaled_lr(lr, self.learners, self.lr_scaling),
             "train_batch_size_per_learner": batch,
-            "minibatch_size": throughput.minibatch_for(batch, self.base_batch, self.base_minibatch),
+            "minibatch_size": ladder.minibatch_for(batch, self.base_batch, self.base_minibatch),
         }
 
 
@@ -118,27 +118,3 @@ def phase2_tune_config(spec: Spec, ladder: list[int], max_concurrent: int) -> An
                             sampler=optuna.samplers.TPESampler(seed=spec.seed))
     return tune.TuneConfig(metric=metric, mode="max", scheduler=scheduler, search_alg=searcher,
                            num_samples=s.num_samples, max_concurrent_trials=max_concurrent)
-
-
-def trial_misfit(cluster: dict[str, float], request: dict[str, float]) -> str | None:
-    """Why one trial can never start on a fixed-size cluster (a local Ray: no autoscaler adds nodes),
-    or None when it fits. Tune would otherwise wait forever, logging a warning once a minute."""
-    short = [f"{request.get(k, 0):g} {k}s (the cluster has {cluster.get(k, 0):g})"
-             for k in ("CPU", "GPU") if request.get(k, 0) > cluster.get(k, 0) + 1e-9]
-    if not short:
-        return None
-    return (f"one trial needs {' and '.join(short)}: the trial itself, each env runner (resources.env_runners, "
-            "evaluation.env_runners) and each learner (resources.learners, cpus_per_learner, gpus_per_learner) "
-            "hold their own; nothing would ever start on this local Ray. Lower those counts or give --num-cpus "
-            "more CPUs.")
-
-
-def max_concurrent_trials(cluster: dict[str, float], cpus_per_trial: float, gpus_per_trial: float,
-                          configured: int = 0) -> int:
-    """Trials that fit at once in the cluster's CPUs and GPUs (``configured`` > 0 wins)."""
-    if configured > 0:
-        return configured
-    fits = [cluster.get("CPU", 0) / cpus_per_trial] if cpus_per_trial > 0 else []
-    if gpus_per_trial > 0:
-        fits.append(cluster.get("GPU", 0) / gpus_per_trial)
-    return max(1, math.floor(min(fits))) if fits else 1

@@ -12,7 +12,8 @@ from typing import Any, TextIO
 
 from ray.tune import Callback
 
-from rayrl import keys
+from rayrl import runfolder
+from rayrl.observe import keys
 from rayrl.storage import files
 from rayrl.storage.files import StorageError
 
@@ -25,7 +26,7 @@ def _num(value: Any) -> float:
 
 
 def history_row(result: dict, trial_id: str, phase: str, batch_size: Any, lr: Any) -> dict:
-    """One history.csv row (columns: rayrl.keys.HISTORY_COLUMNS) from one Tune result."""
+    """One history.csv row (columns: rayrl.observe.runfolder.HISTORY_COLUMNS) from one Tune result."""
     get = lambda key: keys.lookup(result, key)  # noqa: E731
     return {
         "trial_id": trial_id,
@@ -56,13 +57,7 @@ def history_row(result: dict, trial_id: str, phase: str, batch_size: Any, lr: An
 
 def trial_batch_lr(trial: Any) -> tuple[Any, Any]:
     """The batch size and lr a trial runs with, from its (RLlib) config."""
-    return config_batch_lr(getattr(trial, "config", {}) or {})
-
-
-def config_batch_lr(config: dict) -> tuple[Any, Any]:
-    """(train batch per learner, lr) of an RLlib config dict, whichever spelling it carries."""
-    batch = config.get("train_batch_size_per_learner", config.get("_train_batch_size_per_learner"))
-    return batch, config.get("lr")
+    return keys.config_batch_lr(getattr(trial, "config", {}) or {})
 
 
 class HistoryWriter(Callback):
@@ -92,8 +87,8 @@ class HistoryWriter(Callback):
         batch, lr = trial_batch_lr(trial)
         row = history_row(result, trial.trial_id, self.phase, batch, lr)
         try:
-            files.append_line(self.path, _csv_line(row.get(c) for c in keys.HISTORY_COLUMNS),
-                              header=_csv_line(keys.HISTORY_COLUMNS))
+            files.append_line(self.path, _csv_line(row.get(c) for c in runfolder.HISTORY_COLUMNS),
+                              header=_csv_line(runfolder.HISTORY_COLUMNS))
             if self.store is not None and time.monotonic() - self._uploaded >= self.upload_s:
                 self._upload()
         except StorageError as exc:

@@ -14,7 +14,7 @@ import stat
 import unicodedata
 from pathlib import Path
 
-from rayrl.spec import SpecError
+from rayrl.errors import SpecError
 
 ALLOW_FLAG = "--allow-shared-run-dir"
 

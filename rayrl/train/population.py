@@ -15,7 +15,7 @@ from typing import Any
 from ray import tune
 from ray.tune.schedulers import PopulationBasedTraining
 
-from rayrl import keys
+from rayrl.observe import keys
 from rayrl.spec import Spec
 
 COLUMNS = ("trial_id", "cloned_from", "iteration", "cloned_iteration", "env_steps", "lr_old", "lr_cloned",
@@ -49,7 +49,7 @@ class Clamp:
 
 def param_space(spec: Spec) -> dict:
     """The RLlib config with lr and entropy_coeff drawn per trial from the same ranges."""
-    from rayrl.algo import build_config
+    from rayrl.rllib.algo import build_config
 
     params = build_config(spec).to_dict()
     params.update(mutations(spec))

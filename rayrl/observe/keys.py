@@ -4,12 +4,16 @@ Keys are Tune's flattened names ('/' between levels) of an RLlib result after ra
 has added its ``rayrl`` section. One place, so a renamed metric breaks loudly, not silently.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 ENV_STEPS = "num_env_steps_sampled_lifetime"          #: env steps sampled since the run began
 EPISODE_RETURN = "env_runners/episode_return_mean"     #: RLlib's: mean return of recent episodes; absent
                                                        #: until the first episode finishes
 EVAL_EPISODE_RETURN = "evaluation/env_runners/episode_return_mean"  #: RLlib's, on evaluation iterations only
 
-# Returns as rayrl reports them: present in every result (see rayrl.algo.RayrlCallback), so an iteration
+# Returns as rayrl reports them: present in every result (see rayrl.rllib.callback.RayrlCallback), so an iteration
 # without a finished episode is normal for the scheduler, searcher, stoppers, progress line and history.
 TRAIN_RETURN = "rayrl/train_return"                    #: training return, last known; NaN before any episode
 EVAL_RETURN = "rayrl/eval_return"                      #: evaluation return, last known; NaN before any evaluation
@@ -38,7 +42,7 @@ def return_key(judged_by: str) -> str:
     return EVAL_RETURN if judged_by == "evaluation" else TRAIN_RETURN
 
 
-def lookup(result: dict, key: str, default=None):
+def lookup(result: dict, key: str, default: Any = None) -> Any:
     """Read a flattened key from a nested or a flattened result dict."""
     if key in result:
         return result[key]
@@ -57,10 +61,8 @@ GPU_MEM_UTIL = "rayrl/gpu_mem_util"
 NET_UTIL = "rayrl/net_util"
 LEARNER_SAMPLES_PER_S = "rayrl/learner_samples_per_s"
 
-# Columns of the run folder's history.csv (one row per reported iteration of every trial).
-HISTORY_COLUMNS = (
-    "trial_id", "phase", "batch_size", "lr", ITERATION, "env_steps", "episode_return_mean", "eval_return_mean",
-    "env_steps_per_s", "learner_samples_per_s", "total_loss", "grad_norm", "loss_scale",
-    "nonfinite_steps", "time_total_s", "cpu_util", "mem_util", "gpu_util", "gpu_mem_util", "net_util",
-    "num_learners", "backend", "precision",
-)
+
+def config_batch_lr(config: dict) -> tuple[Any, Any]:
+    """(train batch per learner, lr) of an RLlib config dict, whichever spelling it carries."""
+    batch = config.get("train_batch_size_per_learner", config.get("_train_batch_size_per_learner"))
+    return batch, config.get("lr")

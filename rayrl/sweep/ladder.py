@@ -1,4 +1,4 @@
-"""The doubling rule as pure functions over a measured ladder (no Ray here).
+"""The ladder (phase 1): the doubling rule as pure functions over measured rungs (no Ray here).
 
 Start at ``start``, multiply by ``factor``; stop growing when a doubling gains less than
 ``min_gain`` in env steps/s, at ``cap``, or when a rung fails. The knee is the last rung whose
@@ -12,8 +12,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-EXPAND, STOP, CAP, FAILED = "expand", "stop", "cap", "failed"
-DOUBLING_COLUMNS = ("batch_size", "env_steps_per_s", "gain", "decision")
+from rayrl.runfolder import CAP, EXPAND, FAILED, STOP, LadderRow, knee
 
 
 @dataclass(frozen=True)
@@ -24,16 +23,6 @@ class Rung:
     env_steps_per_s: float | None
 
 
-@dataclass(frozen=True)
-class Row:
-    """One line of doubling.csv: the decision taken after measuring this rung."""
-
-    batch_size: int
-    env_steps_per_s: float | None
-    gain: float | None
-    decision: str
-
-
 def rung_throughput(per_iteration: Sequence[float], warmup: int, measure: int) -> float | None:
     """Median env steps/s of the ``measure`` iterations after ``warmup``; None if too few ran."""
     measured = [x for x in per_iteration[warmup:warmup + measure] if x is not None and math.isfinite(x)]
@@ -42,13 +31,13 @@ def rung_throughput(per_iteration: Sequence[float], warmup: int, measure: int) -
     return float(statistics.median(measured))
 
 
-def decide(rungs: Sequence[Rung], *, factor: int, cap: int, min_gain: float) -> list[Row]:
+def decide(rungs: Sequence[Rung], *, factor: int, cap: int, min_gain: float) -> list[LadderRow]:
     """The decision after each rung; the ladder ends at the first non-``expand`` row."""
-    rows: list[Row] = []
+    rows: list[LadderRow] = []
     prev: float | None = None
     for rung in rungs:
         if rung.env_steps_per_s is None:
-            rows.append(Row(rung.batch_size, None, None, FAILED))
+            rows.append(LadderRow(rung.batch_size, None, None, FAILED))
             break
         gain = None if prev is None else (rung.env_steps_per_s / prev - 1.0 if prev > 0 else math.inf)
         if gain is not None and gain < min_gain - 1e-9:  # a gain of exactly min_gain still pays
@@ -57,7 +46,7 @@ def decide(rungs: Sequence[Rung], *, factor: int, cap: int, min_gain: float) -> 
             decision = CAP
         else:
             decision = EXPAND
-        rows.append(Row(rung.batch_size, rung.env_steps_per_s, gain, decision))
+        rows.append(LadderRow(rung.batch_size, rung.env_steps_per_s, gain, decision))
         if decision != EXPAND:
             break
         prev = rung.env_steps_per_s
@@ -74,16 +63,7 @@ def next_batch(rungs: Sequence[Rung], *, start: int, factor: int, cap: int, min_
     return rows[-1].batch_size * factor
 
 
-def knee(rows: Sequence[Row]) -> int | None:
-    """The last rung whose doubling paid off (None when the first rung failed)."""
-    best = None
-    for row in rows:
-        if row.decision in (EXPAND, CAP):
-            best = row.batch_size
-    return best
-
-
-def admissible(rows: Sequence[Row]) -> list[int]:
+def admissible(rows: Sequence[LadderRow]) -> list[int]:
     """The batch sizes phase 2 may search: measured rungs up to and including the knee."""
     k = knee(rows)
     return [r.batch_size for r in rows if k is not None and r.env_steps_per_s is not None and r.batch_size <= k]
@@ -102,6 +82,11 @@ def search_batches(ladder: Sequence[int], *, start: int, factor: int, min_batch:
     return sorted(below) + list(ladder)
 
 
+def max_rungs(start: int, factor: int, cap: int) -> int:
+    """How many rungs the ladder can have: start, start x factor, ... up to the cap."""
+    return int(math.log(cap / start, factor) + 1e-9) + 1
+
+
 def minibatch_for(batch: int, base_batch: int, base_minibatch: int) -> int:
     """The minibatch size a batch trains with, from the spec's batch and minibatch.
 
@@ -109,8 +94,7 @@ def minibatch_for(batch: int, base_batch: int, base_minibatch: int) -> int:
     constant, so every rung does the same SGD steps per iteration and is measured by what it
     amortises. Below it (phase 2's batches down to search.min_batch) the spec's minibatch stays,
     capped at the batch: shrinking it too would multiply the SGD steps per env step, and their
-    fixed cost dominates small batches (measured on CartPole, batch 256: minibatch 32 reached 450 in
-    20.5 s at 1,012 env steps/s, minibatch 256 in 10.4 s at 2,502, with no more env steps).
+    fixed cost dominates small batches (docs/benchmarks.md has the CartPole measurement).
     """
     if batch < base_batch:
         return max(1, min(base_minibatch, batch))

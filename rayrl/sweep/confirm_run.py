@@ -1,0 +1,156 @@
+"""The confirmation as a Tune run: the top configs on fresh seeds, raced, into confirm.csv's rows.
+
+The stopper is one object that sees every result of every confirmation run, so a run can be stopped
+once its config can no longer win (the rules: rayrl.sweep.confirm). It is plain Python state (Tune
+pickles it with the experiment); after a resume the race starts again from nothing, which only makes
+it stop fewer runs, never a wrong one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from ray import tune
+from ray.tune import Stopper
+from ray.tune.search.basic_variant import BasicVariantGenerator
+
+from rayrl import runfolder, runtime
+from rayrl.observe import keys
+from rayrl.observe.cost import TrialResources, trial_cost
+from rayrl.spec import CostSpec, SearchSpec, Spec, scaled_lr
+from rayrl.sweep import confirm as rules
+from rayrl.sweep import ladder as doubling
+from rayrl.sweep.phases import concurrency, finite
+from rayrl.tune import resources
+from rayrl.tune.tuner import analysis, base_params, make_tuner
+
+
+def confirm_budget(search: SearchSpec) -> int:
+    """Env steps per confirmation run: search.confirm_env_steps, else phase 2's per-trial budget."""
+    return search.max_env_steps if search.confirm_env_steps is None else search.confirm_env_steps
+
+
+def confirm(spec: Spec, paths: runtime.RunPaths, trials: list[dict]) -> tuple[list[dict], int]:
+    """The confirmation: the search's top configs (and the spec's own) on fresh seeds; confirm.csv's rows, env steps.
+
+    Returns no rows when search.confirm_top_k is 0 or no trial is usable. A finished confirmation is
+    read back from confirm.csv; an interrupted one resumes through Tune.
+    """
+    s = spec.search
+    done = paths.run_dir / runfolder.CONFIRM
+    if done.exists():
+        runs = runfolder.read_confirm(done)
+        print(f"[sweep] confirm already finished ({len(runs)} runs in {done}); not repeating it", flush=True)
+    else:
+        candidates = rules.top_configs(trials, s.confirm_top_k)
+        if not candidates:
+            return [], 0
+        if s.confirm_baseline:
+            candidates = rules.with_baseline(candidates, spec.algo.train_batch_per_learner, spec.algo.lr)
+        runs = run_confirm(spec, paths, candidates, rules.fresh_seeds(spec.seed, s.confirm_seeds))
+        runfolder.write_csv(paths, runfolder.CONFIRM, runfolder.CONFIRM_COLUMNS, runs)
+    return runs, int(sum(float(r["env_steps"] or 0) for r in runs))
+
+
+def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], seeds: list[int]) -> list[dict]:
+    """Every candidate on every seed, one Tune experiment whose trials stop at the target, the budget or
+    (search.confirm_race) once their config cannot win; returns confirm.csv's rows."""
+    s, a = spec.search, spec.algo
+    points, plan = [], []
+    for rank, c in enumerate(candidates, 1):
+        for seed in seeds:
+            points.append({"lr": scaled_lr(c["lr"], spec.resources.learners, spec.resources.lr_scaling),
+                           "train_batch_size_per_learner": int(c["batch_size"]), "seed": seed,
+                           "minibatch_size": doubling.minibatch_for(int(c["batch_size"]), a.train_batch_per_learner,
+                                                                    a.minibatch_size)})
+            plan.append((rank, c))
+    print(f"[sweep] confirm: {len(candidates)} configs x seeds {seeds}, up to {confirm_budget(s):,} env "
+          f"steps each, by median {s.objective} to return {spec.stop.episode_return}"
+          f"{'; a run stops once its config cannot win' if s.confirm_race else ''}", flush=True)
+    held = resources.of_spec(spec)
+    stop = ConfirmStopper([(rank, int(c["batch_size"]), p["lr"], p["seed"]) for (rank, c), p in zip(plan, points)],
+                          seeds, objective=s.objective, return_key=keys.return_key(spec.judged_by),
+                          target=spec.stop.episode_return, budget=confirm_budget(s), held=held, prices=spec.cost,
+                          race=s.confirm_race)
+    params = base_params(spec)  # the varied keys as choices, so Tune sees each point as a valid pick
+    params.update({k: tune.choice(sorted({p[k] for p in points})) for k in points[0]})
+    tuner = make_tuner(spec, paths, phase=runfolder.CONFIRM_PHASE, param_space=params,
+                       tune_config=tune.TuneConfig(search_alg=BasicVariantGenerator(points_to_evaluate=points),
+                                                   num_samples=len(points), max_concurrent_trials=concurrency(spec)),
+                       stop=stop, verbose_label="confirm")
+    tuner.fit()
+    rows = []
+    for trial in analysis(paths, runfolder.CONFIRM_PHASE).trials:
+        batch, _ = keys.config_batch_lr(trial.config)
+        rank, seed = stop.which(trial.config)
+        c = candidates[rank - 1]
+        m = trial.last_result or {}
+        # the judged return (evaluation when the spec judges by it), last known, as phase 2 and the stop use
+        ret, steps = keys.lookup(m, keys.return_key(spec.judged_by)), keys.lookup(m, keys.ENV_STEPS)
+        wall = float(m.get(keys.TIME_TOTAL) or 0.0)
+        errored = trial.status == "ERROR"
+        reached = not errored and runfolder.reached(ret, spec.stop.episode_return)
+        rows.append({"candidate": rank, "phase2_trial_id": c["trial_id"], "batch_size": batch, "lr": c["lr"],
+                     "seed": seed, "trial_id": trial.trial_id, "env_steps": steps, "wall_s": round(wall, 3),
+                     "usd": trial_cost(held, wall, spec.cost), "episode_return_mean": finite(ret),
+                     "reached": reached, "stopped": rules.stop_reason(reached, errored, steps, confirm_budget(s))})
+    return sorted(rows, key=lambda r: (r["candidate"], r["seed"]))
+
+
+
+class ConfirmStopper(Stopper):
+    """Stops a confirmation run at the judged return's target, at the env-step budget, or when the race
+    (``race=True``) says its config cannot win; ``points`` are the runs' (candidate, batch, lr, seed)."""
+
+    def __init__(self, points: Sequence[tuple[int, int, float, int]], seeds: Sequence[int], *, objective: str,
+                 return_key: str, target: float | None, budget: float, held: TrialResources, prices: CostSpec,
+                 race: bool = True) -> None:
+        self.points = [(int(c), int(b), float(lr), int(s)) for c, b, lr, s in points]
+        self.race = rules.Race(sorted({p[0] for p in self.points}), seeds) if race else None
+        self.objective, self.return_key, self.target, self.budget = objective, return_key, target, float(budget)
+        self.held, self.prices = held, prices
+
+    def which(self, config: dict) -> tuple[int, int]:
+        """(candidate rank, seed) of the planned run a trial's config is."""
+        batch, lr = keys.config_batch_lr(config)
+        seed = int(config.get("seed"))
+        for c, b, plr, s in self.points:
+            if b == int(batch) and s == seed and math.isclose(plr, float(lr), rel_tol=1e-9):
+                return c, s
+        raise KeyError(f"confirmation: no planned run has batch {batch}, lr {lr}, seed {seed}")
+
+    def cost(self, result: dict) -> float:
+        """The run's cost so far under the objective (env steps, wall seconds or dollars)."""
+        wall = float(result.get(keys.TIME_TOTAL) or 0.0)
+        if self.objective == "env_steps":
+            return float(keys.lookup(result, keys.ENV_STEPS, 0) or 0)
+        if self.objective == "wall_s":
+            return wall
+        return trial_cost(self.held, wall, self.prices)
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        steps = float(keys.lookup(result, keys.ENV_STEPS, 0) or 0)
+        ret = keys.lookup(result, self.return_key)
+        reached = runfolder.reached(ret, self.target)
+        if self.race is None:
+            return reached or steps >= self.budget
+        cand, seed = self.which(result.get("config") or {})
+        cost = self.cost(result)
+        if reached:
+            self.race.finish(cand, seed, cost)
+            return True
+        if steps >= self.budget:
+            self.race.finish(cand, seed, math.inf)
+            return True
+        if self.race.should_stop(cand, seed, cost):
+            bound = self.race.bound()
+            print(f"[sweep] confirmation: race: candidate {cand} seed {seed} stopped after {steps:,.0f} env steps "
+                  f"({self.objective} {cost:.6g}): past the best median so far ({bound:.6g}), it cannot change "
+                  f"the choice", flush=True)
+            self.race.finish(cand, seed, math.inf)
+            return True
+        return False
+
+    def stop_all(self) -> bool:
+        return False

@@ -1,0 +1,167 @@
+"""The Tune adapter: one Tuner for every phase and `rayrl train`, resumed when its experiment exists.
+
+Tune gives a run its checkpoints, retries (FailureConfig) and resume (``Tuner.restore``); rayrl adds
+the trainable (tiered checkpoints for `rayrl train`), its callbacks (progress, history.csv, the disk
+guard, trackers, the failure budget) and the checks that keep a torn experiment from resuming.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+from ray.tune import ExperimentAnalysis
+
+from rayrl import runfolder, runtime
+from rayrl.errors import SpecError
+from rayrl.faults.preemption import DriverPreemption, FailureBudget
+from rayrl.observe.progress import HistoryWriter, ProgressPrinter
+from rayrl.rllib.algo import algorithm_class, build_config
+from rayrl.spec import Spec
+from rayrl.storage import tunestate
+from rayrl.storage.guard import DiskGuard
+from rayrl.tune.trainable import settings_for, tiered_trainable
+from rayrl.track.callbacks import logger_callbacks
+from rayrl.tune.stoppers import stop_criteria
+from rayrl.track.naming import run_name
+
+
+def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = runfolder.TRAIN, subdir: str | None = None,
+               param_space: Any = None, tune_config: Any = None, stop: Any = None,
+               extra_callbacks: list | None = None, verbose_label: str = "train",
+               checkpoints: bool = True) -> Any:
+    """A Tuner for ``spec`` (or resumed from ``paths`` when an experiment is already there).
+
+    ``phase`` names the history rows and the trackers' runs; the experiment's folder is the phase's
+    (rayrl.runfolder.PHASE_DIRS) unless ``subdir`` says otherwise.
+    """
+    subdir = subdir or runfolder.PHASE_DIRS.get(phase, phase)
+
+    trackers = logger_callbacks(spec, phase, paths.name)  # before a restore too: it sets Tune's loggers
+    trainable = algorithm_class(spec.algo.name)
+    # The long run (and the drills' copies of it): tiered, verified checkpoints, SIGTERM handling and
+    # a failure budget by rate. Sweep trials keep Tune's own checkpoints and lifetime retry count, so
+    # one broken phase-2 trial errors alone instead of ending the sweep.
+    production = checkpoints and phase == runfolder.TRAIN
+    if production:
+        trainable = tiered_trainable(trainable, settings_for(spec))
+    exp_path, fs = paths.experiment(subdir)
+    if tune.Tuner.can_restore(exp_path, storage_filesystem=fs):
+        if fs is None:
+            check_experiment_state(exp_path)
+        alias_old_modules()  # experiments written before the layout move pickled the old module paths
+        return tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True,
+                                  param_space=param_space, storage_filesystem=fs)
+    run_config = tune.RunConfig(
+        name=subdir,
+        **paths.tune_storage(),
+        stop=stop if stop is not None else stop_criteria(spec),
+        # Measurement-only trials (phase 1) keep no checkpoints and are not retried: a failing rung
+        # is a finding (the ladder ends there), not an accident.
+        # A PBT member restores another member's checkpoint some iterations after it was chosen; a keep
+        # limit can delete it first ("does not exist on storage anymore"), so a population keeps all.
+        checkpoint_config=tune.CheckpointConfig(
+            num_to_keep=None if spec.population.size >= 2 and phase == runfolder.TRAIN else spec.checkpoint.keep,
+            checkpoint_frequency=spec.checkpoint.every if checkpoints else 0,
+            checkpoint_at_end=checkpoints,
+        ),
+        # `rayrl train`: Tune retries forever and FailureBudget ends the run at max_failures within
+        # failure_window_s; sweep trials: max_failures over the trial's life.
+        failure_config=tune.FailureConfig(max_failures=-1 if production else spec.checkpoint.max_failures
+                                          if checkpoints else 0),
+        callbacks=[ProgressPrinter(verbose_label, show_config=phase != runfolder.TRAIN),
+                   HistoryWriter(paths.run_dir / runfolder.HISTORY, phase, store=paths.store),
+                   DiskGuard(paths.run_dir, experiment=None if fs else exp_path),
+                   *trackers, *(extra_callbacks or []),
+                   *([FailureBudget(spec.checkpoint.max_failures, spec.checkpoint.failure_window_s),
+                      DriverPreemption()] if production else [])],
+        verbose=0,
+    )
+    tune_config = tune_config or tune.TuneConfig()
+    tune_config.trial_dirname_creator = trial_dirname
+    tune_config.trial_name_creator = functools.partial(run_name, phase=phase)  # phase, batch, lr: trackers' run name
+    return tune.Tuner(trainable, param_space=param_space if param_space is not None else build_config(spec),
+                      tune_config=tune_config, run_config=run_config)
+
+
+def check_experiment_state(exp_path: str) -> None:
+    """Refuse to resume from a torn experiment state: Tune then restarts the run with no trial and hangs.
+
+    Tune copies experiment_state-*.json to storage non-atomically, so a kill during that copy
+    leaves a cut-short file; Tune resumes from the newest one (by name). The whole copy DiskGuard
+    kept is put back first (rayrl.storage.tunestate); only without one is this an error.
+    """
+    if "://" in exp_path:
+        return
+    repaired = tunestate.repair(Path(exp_path))
+    if repaired:
+        print(f"[rayrl] {repaired}", flush=True)
+    states = sorted(Path(exp_path).glob(tunestate.PATTERN))
+    if states and not tunestate.whole(states[-1].read_bytes()):
+        earlier = (f"move that file aside to resume from the {len(states) - 1} earlier state file(s), or start "
+                   "again with a new --name." if len(states) > 1 else "there is no earlier state file and no whole "
+                   "copy of it, so start again with a new --name.")
+        raise SpecError(
+            f"{states[-1]}: Tune's experiment state is cut short (the run was killed while it was being "
+            f"written), so the run cannot resume from it. The checkpoints in {exp_path} are intact: {earlier}")
+
+
+def check_run_states(paths: runtime.RunPaths, subdirs: tuple[str, ...]) -> None:
+    """check_experiment_state for each of a run's local Tune experiments, before any cluster work."""
+    for subdir in subdirs:
+        exp_path, fs = paths.experiment(subdir)
+        if fs is None:
+            check_experiment_state(exp_path)
+
+
+def trial_dirname(trial: Any) -> str:
+    """Short trial folder names (Tune's default spells out the whole config)."""
+    return f"{trial.trainable_name}_{trial.trial_id}"
+
+
+def analysis(paths: runtime.RunPaths, phase: str) -> Any:
+    """Tune's view of a finished phase; unlike a ResultGrid it keeps errored trials' configs.
+
+    Tune turns Ctrl-C into a normal return from fit(); a phase with unfinished trials is then not
+    done, so it raises KeyboardInterrupt (nothing is written; the same command resumes it).
+    """
+    subdir = runfolder.PHASE_DIRS[phase]
+    path, fs = paths.experiment(subdir)
+    result = ExperimentAnalysis(path, storage_filesystem=fs)
+    if any(t.status not in ("TERMINATED", "ERROR") for t in result.trials):
+        raise KeyboardInterrupt(f"{subdir} was interrupted")
+    return result
+
+
+def base_params(spec: Spec) -> dict:
+    """The spec's RLlib config as Tune's param space; the batch key is left for the searcher to set."""
+    params = build_config(spec).to_dict()
+    params.pop("_train_batch_size_per_learner", None)
+    return params
+
+
+def alias_old_modules() -> None:
+    """Let Tune unpickle an experiment written before the layout move (rayrl.runfolder.OLD_MODULES).
+
+    Old pickles name classes by their old module (``rayrl.search.DoublingSearcher``); each old name
+    resolves to the module that holds the class now. Only called before a restore.
+    """
+    for old, new in runfolder.OLD_MODULES.items():
+        targets = [importlib.import_module(n) for n in new]
+        module = sys.modules.get(old)
+        if module is None:
+            try:
+                module = importlib.import_module(old)
+            except ImportError:
+                module = type(sys)(old)
+                sys.modules[old] = module
+                parent, _, leaf = old.rpartition(".")
+                setattr(importlib.import_module(parent), leaf, module)
+        for target in targets:
+            for name, value in vars(target).items():
+                if not name.startswith("__") and not hasattr(module, name):
+                    setattr(module, name, value)
