@@ -14,10 +14,11 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "experiments" / "configs" / "cartpole_ppo.yaml"
@@ -57,9 +58,13 @@ TORCH_THREADS = 1
 
 
 def add_torch_threads(parser: Any) -> None:
-    parser.add_argument("--torch-threads", type=int, default=TORCH_THREADS,
-                        help="torch threads in the driver, where the contenders learn (default %(default)s: "
-                        "what a 1-CPU Tune trial gets)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=TORCH_THREADS,
+        help="torch threads in the driver, where the contenders learn (default %(default)s: "
+        "what a 1-CPU Tune trial gets)",
+    )
 
 
 def mode_default(value: Any, quick_value: Any, full_value: Any, quick: bool) -> Any:
@@ -79,8 +84,7 @@ def local_ray(num_cpus: int = 2, torch_threads: int | None = TORCH_THREADS) -> I
     if torch_threads:
         torch.set_num_threads(torch_threads)
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             logging_level="ERROR")
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         yield ray
     finally:
@@ -99,9 +103,11 @@ def quiet() -> None:
 
 # ---- specs ------------------------------------------------------------------------------------
 
+
 def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Any:
     """A rayrl spec from YAML (a config or a sweep's best_config.yaml), with ``--set`` overrides."""
     from rayrl import spec as spec_mod
+
     return spec_mod.load(path, list(overrides))
 
 
@@ -109,10 +115,15 @@ def spec_at_batch(spec: Any, batch: int) -> Any:
     """``spec`` at train batch ``batch``, the minibatch following it as in the sweep's ladder."""
     from rayrl import spec as spec_mod
     from rayrl.sweep import ladder
+
     a = spec.algo
-    return spec_mod.replace(spec, algo={
-        "train_batch_per_learner": batch,
-        "minibatch_size": ladder.minibatch_for(batch, a.train_batch_per_learner, a.minibatch_size)})
+    return spec_mod.replace(
+        spec,
+        algo={
+            "train_batch_per_learner": batch,
+            "minibatch_size": ladder.minibatch_for(batch, a.train_batch_per_learner, a.minibatch_size),
+        },
+    )
 
 
 def rayrl_config(spec: Any) -> Any:
@@ -123,6 +134,7 @@ def rayrl_config(spec: Any) -> Any:
 
 # ---- the knee of a sweep's ladder ------------------------------------------------------------
 
+
 def read_knee(path: Path) -> tuple[int, list[dict]]:
     """The knee (and the ladder, if there) from a doubling.csv, a summary.json or a run folder."""
     from rayrl import runfolder
@@ -131,8 +143,9 @@ def read_knee(path: Path) -> tuple[int, list[dict]]:
     if path.is_dir():
         path = path / "doubling.csv" if (path / "doubling.csv").exists() else path / "summary.json"
     if not path.exists():
-        raise SystemExit(f"--doubling: {str(path)!r} does not exist; give a sweep's doubling.csv, summary.json "
-                         "or run folder.")
+        raise SystemExit(
+            f"--doubling: {str(path)!r} does not exist; give a sweep's doubling.csv, summary.json or run folder."
+        )
     if path.suffix == ".json":
         import json
 
@@ -150,11 +163,14 @@ def read_knee(path: Path) -> tuple[int, list[dict]]:
 
 
 def ladder_dicts(rows: list) -> list[dict]:
-    return [{"batch_size": r.batch_size, "env_steps_per_s": r.env_steps_per_s, "gain": r.gain,
-             "decision": r.decision} for r in rows]
+    return [
+        {"batch_size": r.batch_size, "env_steps_per_s": r.env_steps_per_s, "gain": r.gain, "decision": r.decision}
+        for r in rows
+    ]
 
 
 # ---- timed iterations -------------------------------------------------------------------------
+
 
 @dataclass
 class Timed:
@@ -172,10 +188,10 @@ class Timed:
         return [s / w for s, w in zip(self.env_steps, self.wall_s) if w > 0]
 
 
-def run_iterations(config: Any, warmup: int, iters: int,
-                   on_result: Callable[[dict], None] | None = None) -> Timed:
+def run_iterations(config: Any, warmup: int, iters: int, on_result: Callable[[dict], None] | None = None) -> Timed:
     """Build ``config``, run ``warmup`` untimed then ``iters`` timed iterations, stop it."""
     from rayrl.observe import keys
+
     t0 = time.perf_counter()
     algo = config.build_algo()
     timed = Timed(build_s=time.perf_counter() - t0)
@@ -201,6 +217,7 @@ def run_iterations(config: Any, warmup: int, iters: int,
 
 # ---- numbers, tables, files -------------------------------------------------------------------
 
+
 def _num(value: Any) -> float:
     try:
         return float(value)
@@ -220,6 +237,7 @@ def ratio(a: float, b: float) -> float:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A Markdown table (also readable on a terminal)."""
+
     def cell(v: Any) -> str:
         if isinstance(v, float):
             if not math.isfinite(v):

@@ -37,7 +37,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 ZOO_TIMESTEPS = 100_000  #: RL Zoo's n_timesteps for CartPole-v1: the horizon of its linear schedules
 #: RL Zoo's n_timesteps per env id: the horizon ``model.learn`` is given (its schedules' end, if any).
@@ -50,11 +51,14 @@ def left_out(env_id: str) -> dict[str, str]:
     """The env-specific contenders that cannot run on ``env_id``, each with why."""
     out = {}
     if env_id not in SB3_ZOO_ENVS:
-        out["sb3_zoo"] = (f"RL Zoo's tuned hyperparameters are wired in benchmarks/contenders.py for "
-                          f"{', '.join(SB3_ZOO_ENVS)} only")
+        out["sb3_zoo"] = (
+            f"RL Zoo's tuned hyperparameters are wired in benchmarks/contenders.py for {', '.join(SB3_ZOO_ENVS)} only"
+        )
     if env_id not in TUNED_EXAMPLE_ENVS:
-        out["rllib_tuned_example"] = (f"RLlib 2.60 ships no tuned PPO example for {env_id} (its wheel has no "
-                                      f"tuned_examples; the one wired here is CartPole-v1's cartpole_ppo.py)")
+        out["rllib_tuned_example"] = (
+            f"RLlib 2.60 ships no tuned PPO example for {env_id} (its wheel has no "
+            f"tuned_examples; the one wired here is CartPole-v1's cartpole_ppo.py)"
+        )
     return out
 
 
@@ -64,25 +68,42 @@ def rllib_same_settings(spec: Any, seed: int | None = None) -> Any:
     from rayrl.rllib.models import model_config
 
     a, r = spec.algo, spec.resources
-    config = (PPOConfig().environment(spec.env.id, env_config=dict(spec.env.config))
-              .env_runners(num_env_runners=r.env_runners, num_envs_per_env_runner=spec.env.envs_per_runner,
-                           num_cpus_per_env_runner=r.cpus_per_env_runner)
-              .training(lr=spec.effective_lr, gamma=a.gamma, lambda_=a.gae_lambda,
-                        train_batch_size_per_learner=a.train_batch_per_learner,
-                        minibatch_size=a.minibatch_size, num_epochs=a.epochs, entropy_coeff=a.entropy_coeff,
-                        vf_loss_coeff=a.vf_loss_coeff, grad_clip=a.grad_clip or None)
-              # The same network rayrl builds: hidden, activation, vf_share_layers, free_log_std, ...
-              .rl_module(model_config=model_config(spec.model))
-              .debugging(seed=spec.seed if seed is None else seed, log_level="ERROR")
-              .reporting(metrics_num_episodes_for_smoothing=20))
+    config = (
+        PPOConfig()
+        .environment(spec.env.id, env_config=dict(spec.env.config))
+        .env_runners(
+            num_env_runners=r.env_runners,
+            num_envs_per_env_runner=spec.env.envs_per_runner,
+            num_cpus_per_env_runner=r.cpus_per_env_runner,
+        )
+        .training(
+            lr=spec.effective_lr,
+            gamma=a.gamma,
+            lambda_=a.gae_lambda,
+            train_batch_size_per_learner=a.train_batch_per_learner,
+            minibatch_size=a.minibatch_size,
+            num_epochs=a.epochs,
+            entropy_coeff=a.entropy_coeff,
+            vf_loss_coeff=a.vf_loss_coeff,
+            grad_clip=a.grad_clip or None,
+        )
+        # The same network rayrl builds: hidden, activation, vf_share_layers, free_log_std, ...
+        .rl_module(model_config=model_config(spec.model))
+        .debugging(seed=spec.seed if seed is None else seed, log_level="ERROR")
+        .reporting(metrics_num_episodes_for_smoothing=20)
+    )
     if spec.model.normalize_obs:
         # RLlib's own running mean/std filter, the piece rayrl.rllib.algo.build_config adds for normalize_obs.
         config.env_runners(env_to_module_connector=mean_std_filter)
     if spec.evaluation.interval > 0:
         e = spec.evaluation
-        config.evaluation(evaluation_interval=e.interval, evaluation_duration=e.episodes,
-                          evaluation_duration_unit="episodes", evaluation_num_env_runners=e.env_runners,
-                          evaluation_config={"explore": not e.deterministic})
+        config.evaluation(
+            evaluation_interval=e.interval,
+            evaluation_duration=e.episodes,
+            evaluation_duration_unit="episodes",
+            evaluation_num_env_runners=e.env_runners,
+            evaluation_config={"explore": not e.deterministic},
+        )
     return config
 
 
@@ -95,15 +116,20 @@ def mean_std_filter(env: Any = None, spaces: Any = None, device: Any = None) -> 
 
 def rllib_tuned_example(seed: int | None = None, env_id: str = "CartPole-v1") -> Any:
     if env_id not in TUNED_EXAMPLE_ENVS:
-        raise ValueError(f"rllib_tuned_example: RLlib has a tuned PPO example for {', '.join(TUNED_EXAMPLE_ENVS)} "
-                         f"only, not {env_id!r}")
+        raise ValueError(
+            f"rllib_tuned_example: RLlib has a tuned PPO example for {', '.join(TUNED_EXAMPLE_ENVS)} "
+            f"only, not {env_id!r}"
+        )
     from ray.rllib.algorithms.ppo import PPOConfig
 
-    return (PPOConfig().environment(env_id)
-            .rl_module(model_config={"fcnet_hiddens": [32], "fcnet_activation": "linear", "vf_share_layers": True})
-            .training(gamma=0.99, lr=0.0003, num_epochs=6, vf_loss_coeff=0.01, use_kl_loss=True)
-            .debugging(seed=seed, log_level="ERROR")
-            .reporting(metrics_num_episodes_for_smoothing=20))
+    return (
+        PPOConfig()
+        .environment(env_id)
+        .rl_module(model_config={"fcnet_hiddens": [32], "fcnet_activation": "linear", "vf_share_layers": True})
+        .training(gamma=0.99, lr=0.0003, num_epochs=6, vf_loss_coeff=0.01, use_kl_loss=True)
+        .debugging(seed=seed, log_level="ERROR")
+        .reporting(metrics_num_episodes_for_smoothing=20)
+    )
 
 
 def rayrl(spec: Any, runner: str, seed: int | None = None) -> Any:
@@ -116,8 +142,9 @@ def rayrl(spec: Any, runner: str, seed: int | None = None) -> Any:
 def sb3_zoo(seed: int, env_id: str = "CartPole-v1") -> Any:
     """An SB3 PPO model with RL Zoo's tuned hyperparameters for ``env_id`` (not yet trained)."""
     if env_id not in SB3_ZOO_ENVS:
-        raise ValueError(f"sb3_zoo: RL Zoo hyperparameters are wired here for {', '.join(SB3_ZOO_ENVS)} only, "
-                         f"not {env_id!r}")
+        raise ValueError(
+            f"sb3_zoo: RL Zoo hyperparameters are wired here for {', '.join(SB3_ZOO_ENVS)} only, not {env_id!r}"
+        )
     try:
         from stable_baselines3 import PPO
         from stable_baselines3.common.env_util import make_vec_env
@@ -130,21 +157,47 @@ def sb3_zoo(seed: int, env_id: str = "CartPole-v1") -> Any:
 
     if env_id == "CartPole-v1":
         env = make_vec_env(env_id, n_envs=8, seed=seed)
-        return PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
-                   ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2), seed=seed, device="cpu",
-                   verbose=0)
+        return PPO(
+            "MlpPolicy",
+            env,
+            n_steps=32,
+            batch_size=256,
+            gae_lambda=0.8,
+            gamma=0.98,
+            n_epochs=20,
+            ent_coef=0.0,
+            learning_rate=linear(1e-3),
+            clip_range=linear(0.2),
+            seed=seed,
+            device="cpu",
+            verbose=0,
+        )
     import torch.nn as nn
 
     # Hopper (RL Zoo hyperparams/ppo.yml, Hopper-v4): make_vec_env puts a Monitor (raw returns) under
     # VecNormalize; Zoo's ExperimentManager passes the algorithm's gamma to VecNormalize.
     gamma = 0.999
     env = VecNormalize(make_vec_env(env_id, n_envs=1, seed=seed), gamma=gamma)
-    return PPO("MlpPolicy", env, n_steps=512, batch_size=32, gamma=gamma, learning_rate=9.80828e-05,
-               ent_coef=0.00229519, clip_range=0.2, n_epochs=5, gae_lambda=0.99, max_grad_norm=0.7,
-               vf_coef=0.835671,
-               policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU,
-                                  net_arch=dict(pi=[256, 256], vf=[256, 256])),
-               seed=seed, device="cpu", verbose=0)
+    return PPO(
+        "MlpPolicy",
+        env,
+        n_steps=512,
+        batch_size=32,
+        gamma=gamma,
+        learning_rate=9.80828e-05,
+        ent_coef=0.00229519,
+        clip_range=0.2,
+        n_epochs=5,
+        gae_lambda=0.99,
+        max_grad_norm=0.7,
+        vf_coef=0.835671,
+        policy_kwargs=dict(
+            log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU, net_arch=dict(pi=[256, 256], vf=[256, 256])
+        ),
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
 
 
 def zoo_timesteps(env_id: str) -> int:
@@ -152,9 +205,15 @@ def zoo_timesteps(env_id: str) -> int:
     return ZOO_N_TIMESTEPS[env_id]
 
 
-def sb3_learn(model: Any, env_steps: int, target: float | None = None, window: int = 20,
-              max_wall_s: float = float("inf"), horizon: int = ZOO_TIMESTEPS,
-              progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def sb3_learn(
+    model: Any,
+    env_steps: int,
+    target: float | None = None,
+    window: int = 20,
+    max_wall_s: float = float("inf"),
+    horizon: int = ZOO_TIMESTEPS,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Train ``model`` for ``env_steps`` more, or to a ``target`` mean return of the last ``window`` episodes
     (then within ``horizon``, Zoo's n_timesteps for the env: its schedules' horizon, if it has any), or
     until ``max_wall_s``. ``progress`` gets the running figures after every rollout."""
@@ -175,12 +234,18 @@ def sb3_learn(model: Any, env_steps: int, target: float | None = None, window: i
 
         def _on_rollout_end(self) -> None:
             if progress is not None:
-                progress({"wall_s": time.perf_counter() - start, "env_steps": float(self.model.num_timesteps - first),
-                          "return": out["return"]})
+                progress(
+                    {
+                        "wall_s": time.perf_counter() - start,
+                        "env_steps": float(self.model.num_timesteps - first),
+                        "return": out["return"],
+                    }
+                )
 
     # To a target: Zoo's own horizon (e.g. CartPole's linear schedules end at 1e5 steps, which also caps the run).
-    model.learn(total_timesteps=horizon if target is not None else env_steps,
-                callback=Stop(), reset_num_timesteps=False)
+    model.learn(
+        total_timesteps=horizon if target is not None else env_steps, callback=Stop(), reset_num_timesteps=False
+    )
     out["wall_s"] = time.perf_counter() - start
     out["env_steps"] = float(model.num_timesteps - first)
     return out

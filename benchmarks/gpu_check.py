@@ -29,9 +29,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
-
+from typing import Any
 
 from benchmarks import common as C
 
@@ -75,30 +75,54 @@ def plan_learners(gpus: int, requested: int | None) -> tuple[int, list[str]]:
     n = requested if requested is not None else min(2, gpus)
     if n > gpus:
         raise ValueError(f"--learners {n}: this machine has {gpus} GPU(s), one learner per GPU")
-    notes = [] if n > 1 else ["one GPU: 1 learner on cuda; NCCL with world size 1 does no all-reduce, so DDP "
-                              "between GPUs is not exercised (needs 2 GPUs)"]
+    notes = (
+        []
+        if n > 1
+        else [
+            "one GPU: 1 learner on cuda; NCCL with world size 1 does no all-reduce, so DDP "
+            "between GPUs is not exercised (needs 2 GPUs)"
+        ]
+    )
     return n, notes
 
 
 # ---- verdicts: pure functions of the measured facts ----------------------------------------------
 
+
 def nccl_rows(f: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """Table rows of the NCCL check from its facts (see :func:`run_learners`)."""
     n = f["learners"]
     settings = f"{n} learner(s) x 1 GPU, PPO batch {f['batch']}/learner"
-    ok = f["backend"] == "nccl" and set(f["devices"]) == {"cuda"} and f["nonfinite_steps"] == 0 \
+    ok = (
+        f["backend"] == "nccl"
+        and set(f["devices"]) == {"cuda"}
+        and f["nonfinite_steps"] == 0
         and f["learner_samples_per_s"] > 0
-    measured = (f"backend {f['backend']}; devices {','.join(f['devices'])}; {f['learner_samples_per_s']:,.0f} "
-                f"learner samples/s; {f['env_steps_per_s']:,.0f} env steps/s; non-finite {f['nonfinite_steps']:g}")
+    )
+    measured = (
+        f"backend {f['backend']}; devices {','.join(f['devices'])}; {f['learner_samples_per_s']:,.0f} "
+        f"learner samples/s; {f['env_steps_per_s']:,.0f} env steps/s; non-finite {f['nonfinite_steps']:g}"
+    )
     rows = [("NCCL learners", settings, measured, OK if ok else FAIL)]
     if n > 1:
-        rows.append(("DDP weights", f"{n} learners after {f['iters']} iterations",
-                     "bit-identical" if f["weights_equal"] else "differ", OK if f["weights_equal"] else FAIL))
+        rows.append(
+            (
+                "DDP weights",
+                f"{n} learners after {f['iters']} iterations",
+                "bit-identical" if f["weights_equal"] else "differ",
+                OK if f["weights_equal"] else FAIL,
+            )
+        )
     util = f["gpu_util"]
     fraction = math.isfinite(util) and 0.0 <= util <= 1.0
-    rows.append(("NVML in results", "result['rayrl'] of the NCCL run (the trial's sampler)",
-                 f"GPU util {util:.2f}" if math.isfinite(util) else "GPU util not measured",
-                 OK if fraction else FAIL))
+    rows.append(
+        (
+            "NVML in results",
+            "result['rayrl'] of the NCCL run (the trial's sampler)",
+            f"GPU util {util:.2f}" if math.isfinite(util) else "GPU util not measured",
+            OK if fraction else FAIL,
+        )
+    )
     return rows
 
 
@@ -112,8 +136,10 @@ def precision_rows(res: dict[str, dict[str, float]], device: str) -> list[tuple[
         else:  # fp32 and bf16 need no scaler and report none
             scale_ok = math.isnan(scale)
         ok = scale_ok and bad == 0 and r["samples_per_s"] > 0
-        measured = (f"{r['samples_per_s']:,.0f} samples/s ({r['ratio_vs_fp32']:.2f}x fp32); loss scale "
-                    f"{'-' if math.isnan(scale) else f'{scale:g}'}; non-finite {bad:g}")
+        measured = (
+            f"{r['samples_per_s']:,.0f} samples/s ({r['ratio_vs_fp32']:.2f}x fp32); loss scale "
+            f"{'-' if math.isnan(scale) else f'{scale:g}'}; non-finite {bad:g}"
+        )
         rows.append((f"{mode} learner", f"{device}, median of rounds", measured, OK if ok else FAIL))
     return rows
 
@@ -123,13 +149,19 @@ def nvml_row(idle: dict[str, float], busy: dict[str, float], load_s: float) -> t
     values = [idle["gpu_util"], busy["gpu_util"], busy["gpu_mem_util"]]
     fractions = all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in values)
     ok = fractions and busy["gpu_util"] > 0 and busy["gpu_util"] >= idle["gpu_util"]
-    measured = (f"GPU util {idle['gpu_util']:.2f} idle -> {busy['gpu_util']:.2f} busy; "
-                f"GPU memory {busy['gpu_mem_util']:.2f}")
-    return ("NVML sampling", f"rayrl.observe.hardware.HardwareSampler, {load_s:g} s matmul load", measured,
-            OK if ok else FAIL)
+    measured = (
+        f"GPU util {idle['gpu_util']:.2f} idle -> {busy['gpu_util']:.2f} busy; GPU memory {busy['gpu_mem_util']:.2f}"
+    )
+    return (
+        "NVML sampling",
+        f"rayrl.observe.hardware.HardwareSampler, {load_s:g} s matmul load",
+        measured,
+        OK if ok else FAIL,
+    )
 
 
 # ---- the measurements ------------------------------------------------------------------------------
+
 
 def _value(stat: Any) -> float:
     value = stat.peek() if hasattr(stat, "peek") else stat
@@ -138,9 +170,8 @@ def _value(stat: Any) -> float:
 
 def measure_precision(device: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Median learner samples/s, loss scale and non-finite steps per precision on ``device``."""
-    import torch
-
     import precision as P
+    import torch
 
     modes = ("fp32", "bf16", "fp16")
     batch = P.make_batch(args.batch, args.obs_dim, args.actions)
@@ -152,18 +183,26 @@ def measure_precision(device: str, args: argparse.Namespace) -> dict[str, dict[s
             if device == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            last[mode] = learners[mode].update(batch=batch, minibatch_size=args.minibatch, num_epochs=args.epochs,
-                                               shuffle_batch_per_epoch=False, timesteps={})[MID]
+            last[mode] = learners[mode].update(
+                batch=batch,
+                minibatch_size=args.minibatch,
+                num_epochs=args.epochs,
+                shuffle_batch_per_epoch=False,
+                timesteps={},
+            )[MID]
             if device == "cuda":
                 torch.cuda.synchronize()
             if n >= args.warmup:
                 times[mode].append(time.perf_counter() - t0)
     from rayrl.rllib import learner as L
+
     out = {}
     for mode in modes:
-        out[mode] = {"samples_per_s": args.batch * args.epochs / C.median(times[mode]),
-                     "loss_scale": _value(last[mode].get(L.LOSS_SCALE, math.nan)),
-                     "nonfinite_steps": _value(last[mode].get(L.NONFINITE_STEPS, 0.0))}
+        out[mode] = {
+            "samples_per_s": args.batch * args.epochs / C.median(times[mode]),
+            "loss_scale": _value(last[mode].get(L.LOSS_SCALE, math.nan)),
+            "nonfinite_steps": _value(last[mode].get(L.NONFINITE_STEPS, 0.0)),
+        }
     for mode in modes:
         out[mode]["ratio_vs_fp32"] = out[mode]["samples_per_s"] / out["fp32"]["samples_per_s"]
     return out
@@ -197,11 +236,15 @@ def run_learners(args: argparse.Namespace, learners: int) -> dict[str, Any]:
     from rayrl.rllib.algo import build_config
     from rayrl.spec import from_dict
 
-    spec = from_dict({"seed": 0, "env": {"envs_per_runner": 8},
-                      "algo": {"train_batch_per_learner": args.batch, "minibatch_size": args.minibatch,
-                               "epochs": 1},
-                      "model": {"hidden": args.hidden},
-                      "resources": {"env_runners": 2, "learners": learners, "gpus_per_learner": 1.0}})
+    spec = from_dict(
+        {
+            "seed": 0,
+            "env": {"envs_per_runner": 8},
+            "algo": {"train_batch_per_learner": args.batch, "minibatch_size": args.minibatch, "epochs": 1},
+            "model": {"hidden": args.hidden},
+            "resources": {"env_runners": 2, "learners": learners, "gpus_per_learner": 1.0},
+        }
+    )
     algorithm = build_config(spec).build_algo()
     try:
         sections = [algorithm.train()["rayrl"] for _ in range(args.iters)]
@@ -209,13 +252,18 @@ def run_learners(args: argparse.Namespace, learners: int) -> dict[str, Any]:
     finally:
         algorithm.stop()
     timed = sections[1:]
-    return {"learners": learners, "batch": args.batch, "iters": args.iters,
-            "backend": sections[-1]["backend"], "devices": sorted({d for d, _ in per_learner}),
-            "weights_equal": len({digest for _, digest in per_learner}) == 1,
-            "learner_samples_per_s": C.median([s["learner_samples_per_s"] for s in timed]),
-            "env_steps_per_s": C.median([s["env_steps_per_s"] for s in timed]),
-            "nonfinite_steps": float(sections[-1]["nonfinite_steps"]),
-            "gpu_util": C.median([s.get("gpu_util", math.nan) for s in timed])}
+    return {
+        "learners": learners,
+        "batch": args.batch,
+        "iters": args.iters,
+        "backend": sections[-1]["backend"],
+        "devices": sorted({d for d, _ in per_learner}),
+        "weights_equal": len({digest for _, digest in per_learner}) == 1,
+        "learner_samples_per_s": C.median([s["learner_samples_per_s"] for s in timed]),
+        "env_steps_per_s": C.median([s["env_steps_per_s"] for s in timed]),
+        "nonfinite_steps": float(sections[-1]["nonfinite_steps"]),
+        "gpu_util": C.median([s.get("gpu_util", math.nan) for s in timed]),
+    }
 
 
 def _learner_facts(learner: Any) -> tuple[str, str]:
@@ -239,9 +287,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: {exc}", file=sys.stderr)
         return 2
     C.quiet()
-    report: dict[str, Any] = {"machine": C.machine(), "gpus": gpus, "gpu": torch.cuda.get_device_name(0),
-                              "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                              "notes": notes}
+    report: dict[str, Any] = {
+        "machine": C.machine(),
+        "gpus": gpus,
+        "gpu": torch.cuda.get_device_name(0),
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "notes": notes,
+    }
     rows: list[tuple[str, str, str, str]] = []
     C.say(f"gpu_check: {gpus} x {report['gpu']}; NVML sampling, fp32/bf16/fp16 learners, {learners} NCCL learner(s)")
     idle, busy = check_nvml(args.load_s)

@@ -27,7 +27,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-
 from benchmarks import common as C
 
 MODES = ("fp32", "bf16", "fp16")
@@ -38,16 +37,18 @@ def build_learner(mode: str, device: str, args: argparse.Namespace) -> Any:
     from rayrl.rllib import algo
     from rayrl.spec import from_dict
 
-    spec = from_dict({
-        "algo": {"train_batch_per_learner": args.batch, "minibatch_size": args.minibatch,
-                 "epochs": args.epochs},
-        "model": {"hidden": args.hidden},
-        "resources": {"env_runners": 0, "gpus_per_learner": 1.0 if device == "cuda" else 0.0},
-        "precision": {"mode": mode, "accumulation_steps": args.accumulation},
-    })
+    spec = from_dict(
+        {
+            "algo": {"train_batch_per_learner": args.batch, "minibatch_size": args.minibatch, "epochs": args.epochs},
+            "model": {"hidden": args.hidden},
+            "resources": {"env_runners": 0, "gpus_per_learner": 1.0 if device == "cuda" else 0.0},
+            "precision": {"mode": mode, "accumulation_steps": args.accumulation},
+        }
+    )
     config = algo.build_config(spec)
-    spaces = {"default_policy": (gym.spaces.Box(-1.0, 1.0, (args.obs_dim,), np.float32),
-                                 gym.spaces.Discrete(args.actions))}
+    spaces = {
+        "default_policy": (gym.spaces.Box(-1.0, 1.0, (args.obs_dim,), np.float32), gym.spaces.Discrete(args.actions))
+    }
     return config.build_learner(spaces=spaces)
 
 
@@ -81,8 +82,13 @@ def measure(device: str, args: argparse.Namespace) -> dict[str, dict[str, float]
         if device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        learners[mode].update(batch=batch, minibatch_size=args.minibatch, num_epochs=args.epochs,
-                              shuffle_batch_per_epoch=False, timesteps={})
+        learners[mode].update(
+            batch=batch,
+            minibatch_size=args.minibatch,
+            num_epochs=args.epochs,
+            shuffle_batch_per_epoch=False,
+            timesteps={},
+        )
         if device == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t0
@@ -97,8 +103,13 @@ def measure(device: str, args: argparse.Namespace) -> dict[str, dict[str, float]
     out = {}
     for mode in MODES:
         med = C.median(times[mode])
-        out[mode] = {"samples_per_s": samples / med, "best_samples_per_s": samples / min(times[mode]),
-                     "median_update_s": med, "min_update_s": min(times[mode]), "max_update_s": max(times[mode])}
+        out[mode] = {
+            "samples_per_s": samples / med,
+            "best_samples_per_s": samples / min(times[mode]),
+            "median_update_s": med,
+            "min_update_s": min(times[mode]),
+            "max_update_s": max(times[mode]),
+        }
     for mode in MODES:
         out[mode]["ratio_vs_fp32"] = out[mode]["samples_per_s"] / out["fp32"]["samples_per_s"]
         out[mode]["best_ratio_vs_fp32"] = out[mode]["best_samples_per_s"] / out["fp32"]["best_samples_per_s"]
@@ -133,8 +144,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--accumulation", type=int, default=1, help="precision.accumulation_steps")
     p.add_argument("--rounds", type=int, help="timed rounds per precision (default 7; quick 2)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
-    p.add_argument("--devices", nargs="+", choices=("cpu", "cuda"),
-                   help="default: cpu, plus cuda when torch sees a GPU")
+    p.add_argument(
+        "--devices", nargs="+", choices=("cpu", "cuda"), help="default: cpu, plus cuda when torch sees a GPU"
+    )
     args = p.parse_args(argv)
     quick = args.quick
     args.batch = C.mode_default(args.batch, 512, 4096, quick)
@@ -158,25 +170,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     report: dict[str, Any] = {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "torch": torch.__version__, "cpu": cpu_facts(), "results": {},
+        "torch": torch.__version__,
+        "cpu": cpu_facts(),
+        "results": {},
     }
     if torch.cuda.is_available():
         report["cuda"] = torch.cuda.get_device_name(0)
-    print(f"learner samples/s, PPO update: batch {args.batch}, minibatch {args.minibatch}, epochs {args.epochs}, "
-          f"hidden {args.hidden}, obs {args.obs_dim}, accumulation {args.accumulation}, "
-          f"{args.rounds} rounds")
-    print(f"{'device':<8}{'precision':<11}{'median/s':>11}{'x fp32':>8}{'best/s':>11}{'x fp32':>8}"
-          f"{'median s':>10}")
+    print(
+        f"learner samples/s, PPO update: batch {args.batch}, minibatch {args.minibatch}, epochs {args.epochs}, "
+        f"hidden {args.hidden}, obs {args.obs_dim}, accumulation {args.accumulation}, "
+        f"{args.rounds} rounds"
+    )
+    print(f"{'device':<8}{'precision':<11}{'median/s':>11}{'x fp32':>8}{'best/s':>11}{'x fp32':>8}{'median s':>10}")
     for device in args.devices:
         res = measure(device, args)
         report["results"][device] = res
         for mode in MODES:
             r = res[mode]
-            print(f"{device:<8}{mode:<11}{r['samples_per_s']:>11.0f}{r['ratio_vs_fp32']:>8.2f}"
-                  f"{r['best_samples_per_s']:>11.0f}{r['best_ratio_vs_fp32']:>8.2f}{r['median_update_s']:>10.4f}")
+            print(
+                f"{device:<8}{mode:<11}{r['samples_per_s']:>11.0f}{r['ratio_vs_fp32']:>8.2f}"
+                f"{r['best_samples_per_s']:>11.0f}{r['best_ratio_vs_fp32']:>8.2f}{r['median_update_s']:>10.4f}"
+            )
     c = report["cpu"]
-    print(f"cpu: {c['cpu_model']}; torch threads {c['torch_threads']}; load {c['load_avg_1m']}; "
-          f"native: {', '.join(c['native']) or 'none listed'}")
+    print(
+        f"cpu: {c['cpu_model']}; torch threads {c['torch_threads']}; load {c['load_avg_1m']}; "
+        f"native: {', '.join(c['native']) or 'none listed'}"
+    )
     C.write_json(args.out, report)
     return 0
 

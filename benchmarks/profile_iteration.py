@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 from benchmarks import common as C
 
 #: phase -> (path fragment, function name) whose cumulative time is the phase's (the outermost
@@ -59,8 +58,14 @@ MODULE_TO_ENV = (("rllib/connectors/connector_pipeline_v2.py", "__call__"), "rll
 def cumulative(stats: pstats.Stats, where: tuple[str, str]) -> float:
     """Cumulative seconds of a function (the largest match: the outermost of nested ones)."""
     fragment, name = where
-    return max((ct for (filename, _, func), (_, _, _, ct, _) in stats.stats.items()  # type: ignore[attr-defined]
-                if func == name and fragment in filename.replace("\\", "/")), default=0.0)
+    return max(
+        (
+            ct
+            for (filename, _, func), (_, _, _, ct, _) in stats.stats.items()  # type: ignore[attr-defined]
+            if func == name and fragment in filename.replace("\\", "/")
+        ),
+        default=0.0,
+    )
 
 
 def top_functions(stats: pstats.Stats, n: int) -> list[dict]:
@@ -89,8 +94,11 @@ def profile_driver(config: Any, warmup: int, iters: int, top: int) -> dict[str, 
             walls.append(time.perf_counter() - t0)
             timers.append(dict(result.get("timers", {}) or {}))
             lifetime = float(result.get("num_env_steps_sampled_lifetime", 0) or 0)
-            steps.append(lifetime - last if last is not None else float(
-                result.get("env_runners", {}).get("num_env_steps_sampled", 0) or 0))
+            steps.append(
+                lifetime - last
+                if last is not None
+                else float(result.get("env_runners", {}).get("num_env_steps_sampled", 0) or 0)
+            )
             last = lifetime
         with tempfile.TemporaryDirectory(prefix="rayrl-bench-ckpt-") as tmp:
             t0 = time.perf_counter()
@@ -101,15 +109,30 @@ def profile_driver(config: Any, warmup: int, iters: int, top: int) -> dict[str, 
         algo.stop()
     stats = pstats.Stats(prof)
     phases = {k: cumulative(stats, v) / iters for k, v in DRIVER_PHASES.items()}
-    phases["rllib_result_assembly"] = max(0.0, phases["train_total"] - phases["training_step"]
-                                          - phases["rayrl_callback"])
-    phases["training_step_other"] = max(0.0, phases["training_step"] - phases["sampling"]
-                                        - phases["learner_update"] - phases["weight_sync"])
-    return {"phases_s": phases, "wall_s": walls, "env_steps": steps, "checkpoint_s": checkpoint_s,
-            "timers_s": {k: C.median([t.get(k, float("nan")) for t in timers]) for k in
-                         ("env_runner_sampling_timer", "learner_update_timer", "synch_weights", "training_step",
-                          "training_iteration")},
-            "top": top_functions(stats, top), "runner": runner}
+    phases["rllib_result_assembly"] = max(
+        0.0, phases["train_total"] - phases["training_step"] - phases["rayrl_callback"]
+    )
+    phases["training_step_other"] = max(
+        0.0, phases["training_step"] - phases["sampling"] - phases["learner_update"] - phases["weight_sync"]
+    )
+    return {
+        "phases_s": phases,
+        "wall_s": walls,
+        "env_steps": steps,
+        "checkpoint_s": checkpoint_s,
+        "timers_s": {
+            k: C.median([t.get(k, float("nan")) for t in timers])
+            for k in (
+                "env_runner_sampling_timer",
+                "learner_update_timer",
+                "synch_weights",
+                "training_step",
+                "training_iteration",
+            )
+        },
+        "top": top_functions(stats, top),
+        "runner": runner,
+    }
 
 
 def profile_runner(algo: Any, batch: int) -> dict[str, Any]:
@@ -130,13 +153,22 @@ def profile_runner(algo: Any, batch: int) -> dict[str, Any]:
         stats = ps.Stats(prof)
         out = {"wall_s": wall, "env_steps": float(sum(len(e) for e in episodes))}
         for key, (suffix, name) in phases.items():
-            out[key] = max((ct for (f, _, fn), (_, _, _, ct, _) in stats.stats.items()
-                            if fn == name and suffix in f.replace("\\", "/")), default=0.0)
+            out[key] = max(
+                (
+                    ct
+                    for (f, _, fn), (_, _, _, ct, _) in stats.stats.items()
+                    if fn == name and suffix in f.replace("\\", "/")
+                ),
+                default=0.0,
+            )
         (suffix, name), caller = module_to_env
         out["module_to_env_connectors"] = sum(
-            c[3] for (f, _, fn), (_, _, _, _, callers) in stats.stats.items()
+            c[3]
+            for (f, _, fn), (_, _, _, _, callers) in stats.stats.items()
             if fn == name and suffix in f.replace("\\", "/")
-            for (cf, _, _), c in callers.items() if caller in cf.replace("\\", "/"))
+            for (cf, _, _), c in callers.items()
+            if caller in cf.replace("\\", "/")
+        )
         return out
 
     group = algo.env_runner_group
@@ -145,8 +177,14 @@ def profile_runner(algo: Any, batch: int) -> dict[str, Any]:
     else:
         found = group.foreach_env_runner(run, local_env_runner=False, remote_worker_ids=[1])
     r = found[0]
-    r["bookkeeping_s"] = max(0.0, r["sample_total"] - r["env_step"] - r["module_forward"]
-                             - r["env_to_module_connectors"] - r["module_to_env_connectors"])
+    r["bookkeeping_s"] = max(
+        0.0,
+        r["sample_total"]
+        - r["env_step"]
+        - r["module_forward"]
+        - r["env_to_module_connectors"]
+        - r["module_to_env_connectors"],
+    )
     r["env_steps_per_s"] = C.ratio(r["env_steps"], r["wall_s"])
     return r
 
@@ -155,8 +193,8 @@ def profile_tune(spec: Any, iters: int) -> dict[str, Any]:
     """The same config as a one-trial Tune run: per-iteration wall in the trial and at the driver."""
     from ray.tune import Callback
 
-    from rayrl.observe import keys
     from rayrl import runtime
+    from rayrl.observe import keys
     from rayrl.tune.tuner import make_tuner
 
     arrivals: list[float] = []
@@ -165,14 +203,26 @@ def profile_tune(spec: Any, iters: int) -> dict[str, Any]:
     class Clock(Callback):
         def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
             arrivals.append(time.perf_counter())
-            results.append({"time_this_iter_s": float(result.get("time_this_iter_s", 0) or 0),
-                            "sps": C._num(keys.lookup(result, keys.ENV_STEPS_PER_S)),
-                            "steps": C._num(keys.lookup(result, keys.ENV_STEPS_THIS_ITER))})
+            results.append(
+                {
+                    "time_this_iter_s": float(result.get("time_this_iter_s", 0) or 0),
+                    "sps": C._num(keys.lookup(result, keys.ENV_STEPS_PER_S)),
+                    "steps": C._num(keys.lookup(result, keys.ENV_STEPS_THIS_ITER)),
+                }
+            )
 
     with tempfile.TemporaryDirectory(prefix="rayrl-bench-tune-") as tmp:
         paths = runtime.resolve(tmp, "profile")
-        tuner = make_tuner(spec, paths, phase="profile", subdir="tune", stop={keys.ITERATION: iters},
-                           extra_callbacks=[Clock()], checkpoints=False, verbose_label="tune")
+        tuner = make_tuner(
+            spec,
+            paths,
+            phase="profile",
+            subdir="tune",
+            stop={keys.ITERATION: iters},
+            extra_callbacks=[Clock()],
+            checkpoints=False,
+            verbose_label="tune",
+        )
         t0 = time.perf_counter()
         tuner.fit()
         total = time.perf_counter() - t0
@@ -180,12 +230,16 @@ def profile_tune(spec: Any, iters: int) -> dict[str, Any]:
     in_trial = [r["steps"] / r["sps"] for r in results[1:] if r["sps"] and r["sps"] > 0]
     this_iter = [r["time_this_iter_s"] for r in results[1:]]
     at_driver = [b - a for a, b in zip(arrivals[:-1], arrivals[1:])]
-    return {"iterations": len(results), "fit_s": total,
-            "trial_wall_per_iter_s": C.median(in_trial), "time_this_iter_s": C.median(this_iter),
-            "driver_interval_s": C.median(at_driver),
-            "tune_overhead_in_trial_s": C.median(in_trial) - C.median(this_iter),
-            "sps_in_trial": C.median([r["sps"] for r in results[1:]]),
-            "startup_s": (arrivals[0] - t0) if arrivals else float("nan")}
+    return {
+        "iterations": len(results),
+        "fit_s": total,
+        "trial_wall_per_iter_s": C.median(in_trial),
+        "time_this_iter_s": C.median(this_iter),
+        "driver_interval_s": C.median(at_driver),
+        "tune_overhead_in_trial_s": C.median(in_trial) - C.median(this_iter),
+        "sps_in_trial": C.median([r["sps"] for r in results[1:]]),
+        "startup_s": (arrivals[0] - t0) if arrivals else float("nan"),
+    }
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -194,8 +248,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
     p.add_argument("--config", type=Path, default=C.DEFAULT_CONFIG, help="rayrl spec (default: %(default)s)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
-    p.add_argument("--batch", type=int, help="the knee (default 16384, the knee of this machine's ladder, "
-                   "see docs/benchmarks.md; quick 1024)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        help="the knee (default 16384, the knee of this machine's ladder, see docs/benchmarks.md; quick 1024)",
+    )
     p.add_argument("--doubling", type=Path, help="take the knee from a sweep's doubling.csv/summary.json")
     p.add_argument("--iters", type=int, help="profiled iterations (default 5; quick 2)")
     p.add_argument("--warmup", type=int, default=1, help="unprofiled iterations first")
@@ -225,17 +282,29 @@ def main(argv: list[str] | None = None) -> int:
         tune = profile_tune(spec, args.tune_iters)
     wall = C.median(driver["wall_s"])
     report: dict[str, Any] = {
-        "batch_size": knee, "minibatch_size": spec.algo.minibatch_size, "epochs": spec.algo.epochs,
+        "batch_size": knee,
+        "minibatch_size": spec.algo.minibatch_size,
+        "epochs": spec.algo.epochs,
         "iteration_wall_s": wall,
         "env_steps_per_s": C.ratio(C.median(driver["env_steps"]), wall),
-        "driver": driver, "tune": tune,
+        "driver": driver,
+        "tune": tune,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "machine": C.machine(), "wall_s": round(time.monotonic() - started, 1),
+        "machine": C.machine(),
+        "wall_s": round(time.monotonic() - started, 1),
     }
     ph = driver["phases_s"]
-    report["shares"] = {k: C.ratio(ph[k], ph["train_total"]) for k in
-                        ("sampling", "learner_update", "weight_sync", "rayrl_callback", "rllib_result_assembly",
-                         "training_step_other")}
+    report["shares"] = {
+        k: C.ratio(ph[k], ph["train_total"])
+        for k in (
+            "sampling",
+            "learner_update",
+            "weight_sync",
+            "rayrl_callback",
+            "rllib_result_assembly",
+            "training_step_other",
+        )
+    }
     print_report(report)
     C.write_json(args.out, report)
     return 0
@@ -247,39 +316,77 @@ def print_report(report: dict) -> None:
     tm = d["timers_s"]
     rows = [
         ["train() total (driver, cProfile on)", total, 1.0, tm["training_iteration"]],
-        ["  sampling: wait for env runner + unpickle episodes", ph["sampling"], ph["sampling"] / total,
-         tm["env_runner_sampling_timer"]],
-        ["  learner update (GAE connector + SGD)", ph["learner_update"], ph["learner_update"] / total,
-         tm["learner_update_timer"]],
+        [
+            "  sampling: wait for env runner + unpickle episodes",
+            ph["sampling"],
+            ph["sampling"] / total,
+            tm["env_runner_sampling_timer"],
+        ],
+        [
+            "  learner update (GAE connector + SGD)",
+            ph["learner_update"],
+            ph["learner_update"] / total,
+            tm["learner_update_timer"],
+        ],
         ["    learner connector (GAE, batch build)", ph["learner_connector"], ph["learner_connector"] / total, ""],
-        ["    rayrl learner: minibatches (fwd, loss, bwd, step)", ph["rayrl_learner_minibatches"],
-         ph["rayrl_learner_minibatches"] / total, ""],
-        ["      of which rayrl step (norm, guard, clip, Adam)", ph["rayrl_learner_step"],
-         ph["rayrl_learner_step"] / total, ""],
+        [
+            "    rayrl learner: minibatches (fwd, loss, bwd, step)",
+            ph["rayrl_learner_minibatches"],
+            ph["rayrl_learner_minibatches"] / total,
+            "",
+        ],
+        [
+            "      of which rayrl step (norm, guard, clip, Adam)",
+            ph["rayrl_learner_step"],
+            ph["rayrl_learner_step"] / total,
+            "",
+        ],
         ["  weight sync to env runner", ph["weight_sync"], ph["weight_sync"] / total, tm["synch_weights"]],
         ["  training_step, other", ph["training_step_other"], ph["training_step_other"] / total, ""],
         ["  rayrl callback (rayrl section, hardware, gauges)", ph["rayrl_callback"], ph["rayrl_callback"] / total, ""],
         ["  RLlib result/metrics assembly", ph["rllib_result_assembly"], ph["rllib_result_assembly"] / total, ""],
         ["checkpoint save (one; rayrl saves every 5 iterations)", d["checkpoint_s"], d["checkpoint_s"] / total, ""],
     ]
-    C.say(f"\none rayrl iteration at batch {report['batch_size']} (minibatch {report['minibatch_size']}, "
-          f"{report['epochs']} epochs): {report['iteration_wall_s']:.3f} s wall, "
-          f"{report['env_steps_per_s']:,.0f} env steps/s (driver, no Tune)")
+    C.say(
+        f"\none rayrl iteration at batch {report['batch_size']} (minibatch {report['minibatch_size']}, "
+        f"{report['epochs']} epochs): {report['iteration_wall_s']:.3f} s wall, "
+        f"{report['env_steps_per_s']:,.0f} env steps/s (driver, no Tune)"
+    )
     C.say(C.table(["phase (per iteration)", "s", "share", "RLlib timer s"], rows))
     r = d["runner"]
-    C.say(f"\nenv runner, one sample() of {r['env_steps']:,.0f} steps: {r['wall_s']:.3f} s "
-          f"({r['env_steps_per_s']:,.0f} env steps/s, cProfile on)")
-    C.say(C.table(["part", "s", "share"], [[k, r[k], C.ratio(r[k], r["sample_total"])] for k in
-                                             ("env_step", "module_forward", "env_to_module_connectors",
-                                              "module_to_env_connectors", "bookkeeping_s")]))
-    C.say(f"\nTune (one trial, {t['iterations']} iterations): trial wall/iter {t['trial_wall_per_iter_s']:.3f} s, "
-          f"RLlib time_this_iter_s {t['time_this_iter_s']:.3f} s -> Tune overhead in the trial "
-          f"{t['tune_overhead_in_trial_s']:.3f} s/iter; results reach the driver every "
-          f"{t['driver_interval_s']:.3f} s; start-up to first result {t['startup_s']:.1f} s; "
-          f"{t['sps_in_trial']:,.0f} env steps/s in the trial")
+    C.say(
+        f"\nenv runner, one sample() of {r['env_steps']:,.0f} steps: {r['wall_s']:.3f} s "
+        f"({r['env_steps_per_s']:,.0f} env steps/s, cProfile on)"
+    )
+    C.say(
+        C.table(
+            ["part", "s", "share"],
+            [
+                [k, r[k], C.ratio(r[k], r["sample_total"])]
+                for k in (
+                    "env_step",
+                    "module_forward",
+                    "env_to_module_connectors",
+                    "module_to_env_connectors",
+                    "bookkeeping_s",
+                )
+            ],
+        )
+    )
+    C.say(
+        f"\nTune (one trial, {t['iterations']} iterations): trial wall/iter {t['trial_wall_per_iter_s']:.3f} s, "
+        f"RLlib time_this_iter_s {t['time_this_iter_s']:.3f} s -> Tune overhead in the trial "
+        f"{t['tune_overhead_in_trial_s']:.3f} s/iter; results reach the driver every "
+        f"{t['driver_interval_s']:.3f} s; start-up to first result {t['startup_s']:.1f} s; "
+        f"{t['sps_in_trial']:,.0f} env steps/s in the trial"
+    )
     C.say("\ndriver functions by own time (all profiled iterations):")
-    C.say(C.table(["function", "calls", "own s", "cum s"],
-                  [[x["function"][-90:], x["calls"], x["tottime_s"], x["cumtime_s"]] for x in d["top"]]))
+    C.say(
+        C.table(
+            ["function", "calls", "own s", "cum s"],
+            [[x["function"][-90:], x["calls"], x["tottime_s"], x["cumtime_s"]] for x in d["top"]],
+        )
+    )
     m = report["machine"]
     C.say(f"machine: {m['nproc']} x {m['cpu_model']}, load {m['load_avg_1m']}; {m['date']}; {report['wall_s']:.0f} s")
 

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 from benchmarks import common as C
 
 #: (learners, env runners). The 1/1 input is measured first and last (order effects: warm-up, the
@@ -80,13 +79,20 @@ def measure_config(spec: Any, learners: int, runners: int, warmup: int, iters: i
 
     s = spec_mod.replace(spec, resources={"learners": learners, "env_runners": runners})
     timers: list[dict] = []
-    timed = C.run_iterations(C.rayrl_config(s), warmup, iters,
-                             on_result=lambda r: timers.append(dict(r.get("timers", {}) or {})))
+    timed = C.run_iterations(
+        C.rayrl_config(s), warmup, iters, on_result=lambda r: timers.append(dict(r.get("timers", {}) or {}))
+    )
     sample = unsmooth([t[SAMPLE_TIMER.split("/")[1]] for t in timers])
     learn = unsmooth([t[LEARN_TIMER.split("/")[1]] for t in timers])
-    return {"learners": learners, "env_runners": runners, "env_steps_per_s": C.median(timed.sps),
-            "sps": timed.sps, "sample_s": C.median(sample[warmup:]), "learn_s": C.median(learn[warmup:]),
-            "env_steps_per_iter": C.median(timed.env_steps)}
+    return {
+        "learners": learners,
+        "env_runners": runners,
+        "env_steps_per_s": C.median(timed.sps),
+        "sps": timed.sps,
+        "sample_s": C.median(sample[warmup:]),
+        "learn_s": C.median(learn[warmup:]),
+        "env_steps_per_iter": C.median(timed.env_steps),
+    }
 
 
 def main() -> int:
@@ -99,41 +105,78 @@ def main() -> int:
     args = p.parse_args()
     C.quiet()
     from rayrl import spec as spec_mod
-    from rayrl.scale import cluster as cluster_mod, model
+    from rayrl.scale import cluster as cluster_mod
+    from rayrl.scale import model
     from rayrl.scale.measure import mlp_params, space_dims
 
     spec = C.load_spec(args.config)
-    spec = spec_mod.replace(spec, algo={"train_batch_per_learner": args.batch, "minibatch_size": args.batch // 4,
-                                        "epochs": 4}, env={"envs_per_runner": 8})
+    spec = spec_mod.replace(
+        spec,
+        algo={"train_batch_per_learner": args.batch, "minibatch_size": args.batch // 4, "epochs": 4},
+        env={"envs_per_runner": 8},
+    )
     grad_bytes = 4 * mlp_params(*space_dims(spec.env.id), list(spec.model.hidden))
     small, big = gloo_allreduce_s((4, 4 << 20), 2)
-    latency_us = small / 2 * 1e6                    # ring at 2 ranks: 2(n-1) = 2 latency steps
-    busbw = (4 << 20) / max(big - 2 * small / 2, 1e-9) / 1e9   # 2(n-1)/n = 1 at 2 ranks
-    C.say(f"gloo at 2 ranks: latency {latency_us:.0f} us/step, bus bandwidth {busbw:.2f} GB/s; "
-          f"gradient {grad_bytes} bytes")
+    latency_us = small / 2 * 1e6  # ring at 2 ranks: 2(n-1) = 2 latency steps
+    busbw = (4 << 20) / max(big - 2 * small / 2, 1e-9) / 1e9  # 2(n-1)/n = 1 at 2 ranks
+    C.say(
+        f"gloo at 2 ranks: latency {latency_us:.0f} us/step, bus bandwidth {busbw:.2f} GB/s; "
+        f"gradient {grad_bytes} bytes"
+    )
     measured = []
-    with C.local_ray(num_cpus=8):   # logical CPUs: 4 learners + runners + driver fit; the cores are shared
+    with C.local_ray(num_cpus=8):  # logical CPUs: 4 learners + runners + driver fit; the cores are shared
         for learners, runners in CONFIGS:
             C.say(f"measuring {learners} learner(s), {runners} env runner(s) ...")
             measured.append(measure_config(spec, learners, runners, args.warmup, args.iters))
             C.say(f"  {measured[-1]['env_steps_per_s']:.0f} env steps/s")
     bases = [r for r in measured if (r["learners"], r["env_runners"]) == (1, 1)]
     sample_s = sum(b["sample_s"] * args.batch / b["env_steps_per_iter"] for b in bases) / len(bases)
-    m = model.Measured(algo=spec.algo.name, batch_per_learner=args.batch, minibatch=args.batch // 4, epochs=4,
-                       learners=1, env_runners=1, sample_s=sample_s,
-                       learn_s=sum(b["learn_s"] for b in bases) / len(bases), grad_bytes=grad_bytes)
-    here = cluster_mod.ClusterSpec(name="this machine (gloo)", gpu="CPU", gpus_per_node=64, cpus_per_node=64,
-                                   intra_node_busbw_gbs=busbw, intra_node_latency_us=latency_us)
+    m = model.Measured(
+        algo=spec.algo.name,
+        batch_per_learner=args.batch,
+        minibatch=args.batch // 4,
+        epochs=4,
+        learners=1,
+        env_runners=1,
+        sample_s=sample_s,
+        learn_s=sum(b["learn_s"] for b in bases) / len(bases),
+        grad_bytes=grad_bytes,
+    )
+    here = cluster_mod.ClusterSpec(
+        name="this machine (gloo)",
+        gpu="CPU",
+        gpus_per_node=64,
+        cpus_per_node=64,
+        intra_node_busbw_gbs=busbw,
+        intra_node_latency_us=latency_us,
+    )
     rows = []
     for r in measured:
         pred = model.predict(m, here, spec.cost, r["learners"], env_runners=r["env_runners"]).env_steps_per_s
-        rows.append([r["learners"], r["env_runners"], pred, r["env_steps_per_s"],
-                     (pred - r["env_steps_per_s"]) / r["env_steps_per_s"]])
+        rows.append(
+            [
+                r["learners"],
+                r["env_runners"],
+                pred,
+                r["env_steps_per_s"],
+                (pred - r["env_steps_per_s"]) / r["env_steps_per_s"],
+            ]
+        )
     C.say(C.table(["learners", "env runners", "predicted env steps/s", "measured env steps/s", "error"], rows))
-    C.write_json(args.out, {"machine": C.machine(), "model_inputs": {"sample_s": m.sample_s, "learn_s": m.learn_s}, "batch_per_learner": args.batch, "gloo_latency_us": latency_us,
-                            "gloo_busbw_gbs": busbw, "grad_bytes": grad_bytes, "measured": measured,
-                            "rows": [dict(zip(("learners", "env_runners", "predicted", "measured", "error"), r))
-                                     for r in rows], "load_avg_1m": os.getloadavg()[0]})
+    C.write_json(
+        args.out,
+        {
+            "machine": C.machine(),
+            "model_inputs": {"sample_s": m.sample_s, "learn_s": m.learn_s},
+            "batch_per_learner": args.batch,
+            "gloo_latency_us": latency_us,
+            "gloo_busbw_gbs": busbw,
+            "grad_bytes": grad_bytes,
+            "measured": measured,
+            "rows": [dict(zip(("learners", "env_runners", "predicted", "measured", "error"), r)) for r in rows],
+            "load_avg_1m": os.getloadavg()[0],
+        },
+    )
     return 0
 
 

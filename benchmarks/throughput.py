@@ -44,9 +44,9 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
-
+from typing import Any
 
 from benchmarks import common as C
 from benchmarks import contenders as K
@@ -60,8 +60,12 @@ E2E_GOAL_BY_ENV = {"Hopper-v5": 1.3, "Hopper-v4": 1.3}
 
 def goals_for(env_id: str) -> dict[str, float]:
     """The goals for ``env_id``: CartPole's, with the end-to-end ratio lowered to 1.3 on MuJoCo."""
-    return {**GOALS, "rayrl_fast_over_rllib_same_settings": E2E_GOAL_BY_ENV.get(
-        env_id, GOALS["rayrl_fast_over_rllib_same_settings"])}
+    return {
+        **GOALS,
+        "rayrl_fast_over_rllib_same_settings": E2E_GOAL_BY_ENV.get(
+            env_id, GOALS["rayrl_fast_over_rllib_same_settings"]
+        ),
+    }
 
 
 def end_to_end_peers(env_id: str, skip: list[str] | tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
@@ -99,19 +103,27 @@ def env_actions(act_space: Any, normalize: bool, clip: bool) -> Callable[[Any], 
 def fast_path(reason: str | None, normalize_obs: bool, error: str | None = None) -> dict[str, Any]:
     """The report's ``rayrl_fast_path``: did the fast runner take its fast path (``fast_off_reason`` None), or
     fall back to RLlib's loop, and why; ``error`` if its sampling raised."""
-    out: dict[str, Any] = {"active": reason is None, "fast_off_reason": reason, "error": error,
-                           "source": "FastEnvRunner.fast_off_reason of the in-process fast_runner, built from "
-                                     "rayrl_fast's config (the same config its env runners get)"}
+    out: dict[str, Any] = {
+        "active": reason is None,
+        "fast_off_reason": reason,
+        "error": error,
+        "source": "FastEnvRunner.fast_off_reason of the in-process fast_runner, built from "
+        "rayrl_fast's config (the same config its env runners get)",
+    }
     if reason is None and error:
         note = f"the fast path is taken (fast_off_reason is None) but its sampling raised: {error}"
     elif reason is None:
         note = "the fast path is active: fast_runner and rayrl_fast sample with rayrl's loop"
     else:
-        note = (f"the fast path is OFF ({reason}): fast_runner and rayrl_fast sample with RLlib's own loop, so "
-                f"their speed-up over RLlib is ~1x by construction")
+        note = (
+            f"the fast path is OFF ({reason}): fast_runner and rayrl_fast sample with RLlib's own loop, so "
+            f"their speed-up over RLlib is ~1x by construction"
+        )
         if normalize_obs and "connector" in reason:
-            note += ("; the fast loop applies model.normalize_obs's MeanStdFilter itself, so another custom "
-                     "env-to-module connector is set")
+            note += (
+                "; the fast loop applies model.normalize_obs's MeanStdFilter itself, so another custom "
+                "env-to-module connector is set"
+            )
         if error:
             note += f"; its sampling raised: {error}"
     out["note"] = note
@@ -122,7 +134,7 @@ def error_text(exc: BaseException, limit: int = 300) -> str:
     """An exception in one line: its type and the last line of its message (Ray wraps remote errors)."""
     lines = [x.strip() for x in str(exc).strip().splitlines() if x.strip()]
     text = f"{type(exc).__name__}: {lines[-1] if lines else ''}"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def rollout_limit(spec: Any, num_envs: int, seconds: float, seed: int = 0, chunk_s: float = 0.5) -> list[float]:
@@ -133,11 +145,11 @@ def rollout_limit(spec: Any, num_envs: int, seconds: float, seed: int = 0, chunk
     import numpy as np
     import torch
 
-    env = gym.make_vec(spec.env.id, num_envs=num_envs, vectorization_mode=vector_mode(spec.env.id),
-                       **spec.env.config)
+    env = gym.make_vec(spec.env.id, num_envs=num_envs, vectorization_mode=vector_mode(spec.env.id), **spec.env.config)
     config = K.rayrl(spec, "rllib")
     module = config.get_rl_module_spec(
-        spaces={"default_policy": (env.single_observation_space, env.single_action_space)}).build()
+        spaces={"default_policy": (env.single_observation_space, env.single_action_space)}
+    ).build()
     module.eval()  # once: forward_exploration would switch modes twice a call
     dist_cls = module.get_exploration_action_dist_cls()
     to_env = env_actions(env.single_action_space, config.normalize_actions, config.clip_actions)
@@ -180,9 +192,11 @@ def sampling_runners(spec: Any) -> dict[str, Any]:
         config = K.rayrl(spec, runner).env_runners(gym_env_vectorize_mode=mode)
         return cls(config=config, worker_index=1)
 
-    runners = {"rllib_runner": make(SingleAgentEnvRunner, "rllib", vector_mode(spec.env.id)),
-               "rllib_runner_sync": make(SingleAgentEnvRunner, "rllib", "sync"),
-               "fast_runner": make(FastEnvRunner, "fast", "sync")}
+    runners = {
+        "rllib_runner": make(SingleAgentEnvRunner, "rllib", vector_mode(spec.env.id)),
+        "rllib_runner_sync": make(SingleAgentEnvRunner, "rllib", "sync"),
+        "fast_runner": make(FastEnvRunner, "fast", "sync"),
+    }
     state = runners["rllib_runner"].module.get_state()
     for r in runners.values():
         r.module.set_state(state)
@@ -214,9 +228,12 @@ def end_to_end(name: str, spec: Any, args: argparse.Namespace) -> tuple[list[flo
             r = K.sb3_learn(model, chunk, horizon=horizon)
             sps.append(r["env_steps"] / r["wall_s"])
         return sps, {}
-    config = {"rllib_same_settings": lambda: K.rllib_same_settings(spec),
-              "rllib_tuned_example": lambda: K.rllib_tuned_example(seed=spec.seed),
-              "rayrl": lambda: K.rayrl(spec, "rllib"), "rayrl_fast": lambda: K.rayrl(spec, "fast")}[name]()
+    config = {
+        "rllib_same_settings": lambda: K.rllib_same_settings(spec),
+        "rllib_tuned_example": lambda: K.rllib_tuned_example(seed=spec.seed),
+        "rayrl": lambda: K.rayrl(spec, "rllib"),
+        "rayrl_fast": lambda: K.rayrl(spec, "fast"),
+    }[name]()
     timed = C.run_iterations(config, warmup=args.warmup, iters=args.iters)
     check_sampled(name, timed.sps)
     return timed.sps, timer_medians(timed.timers)
@@ -226,8 +243,10 @@ def check_sampled(name: str, sps: list[float]) -> None:
     """Raise when no timed iteration sampled an env step: RLlib takes a runner that raised out of service and
     ``train()`` goes on with 0 env steps, which is a failure, not a figure of 0 env steps/s."""
     if sps and not any(x > 0 for x in sps):
-        raise RuntimeError(f"{name}: 0 env steps in {len(sps)} timed iterations: its env runners failed (RLlib "
-                           f"took them out of service; their error is in the log above)")
+        raise RuntimeError(
+            f"{name}: 0 env steps in {len(sps)} timed iterations: its env runners failed (RLlib "
+            f"took them out of service; their error is in the log above)"
+        )
 
 
 def timer_medians(timers: list[dict]) -> dict[str, float]:
@@ -235,8 +254,9 @@ def timer_medians(timers: list[dict]) -> dict[str, float]:
     return {n: C.median([t.get(n, float("nan")) for t in timers]) for n in names if timers}
 
 
-def rounds(names: tuple[str, ...], n: int, measure: Callable[[str, int], list[float]],
-           failed: dict[str, str] | None = None) -> dict[str, list[list[float]]]:
+def rounds(
+    names: tuple[str, ...], n: int, measure: Callable[[str, int], list[float]], failed: dict[str, str] | None = None
+) -> dict[str, list[list[float]]]:
     """``n`` rounds of every contender, the order rotated each round; per contender, per round samples.
     With ``failed``, a contender that raises is recorded there (type and message) and not run again."""
     out: dict[str, list[list[float]]] = {c: [] for c in names}
@@ -281,11 +301,22 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1 round, short samples: a smoke test")
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
-    p.add_argument("--config", type=Path, default=C.DEFAULT_CONFIG, help="rayrl spec; its env id picks the peers "
-                   "(sb3_zoo: CartPole-v1, Hopper-v4/v5; rllib_tuned_example: CartPole-v1 only, left out elsewhere) "
-                   "(default: %(default)s)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
-                   help="override a spec field, e.g. --set env.envs_per_runner=32")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=C.DEFAULT_CONFIG,
+        help="rayrl spec; its env id picks the peers "
+        "(sb3_zoo: CartPole-v1, Hopper-v4/v5; rllib_tuned_example: CartPole-v1 only, left out elsewhere) "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="override a spec field, e.g. --set env.envs_per_runner=32",
+    )
     p.add_argument("--batch", type=int, help="rayrl's train batch (default: the spec's)")
     p.add_argument("--doubling", type=Path, help="take the knee of a sweep's doubling.csv, summary.json or run folder")
     p.add_argument("--ladder", action="store_true", help="run the doubling ladder (a sweep's phase 1) for the knee")
@@ -294,8 +325,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, help="untimed end-to-end iterations after each build (default 1; quick 1)")
     p.add_argument("--iters", type=int, help="timed end-to-end iterations a round (default 4; quick 2)")
     p.add_argument("--limit-seconds", type=float, help="seconds of bare-loop stepping a round (default 3; quick 1)")
-    p.add_argument("--limit-envs", type=int, nargs="+", help="env counts tried for limit_best (default 8 32 128 512; "
-                   "quick 8 64); a SyncVectorEnv where the env has no numpy-vectorised version (MuJoCo)")
+    p.add_argument(
+        "--limit-envs",
+        type=int,
+        nargs="+",
+        help="env counts tried for limit_best (default 8 32 128 512; "
+        "quick 8 64); a SyncVectorEnv where the env has no numpy-vectorised version (MuJoCo)",
+    )
     p.add_argument("--sample-seconds", type=float, help="seconds of runner sampling a round (default 4; quick 2)")
     p.add_argument("--skip", nargs="+", default=[], choices=END_TO_END, help="end-to-end contenders to leave out")
     C.add_torch_threads(p)
@@ -334,15 +370,21 @@ def main(argv: list[str] | None = None) -> int:
         spec, source, ladder = knee_spec(spec, args)
         C.say(f"rayrl's settings: batch {spec.algo.train_batch_per_learner} ({source}), {envs} envs a runner")
         counts = sorted({envs, *args.limit_envs})
-        limit = rounds(tuple(f"limit_{n}" for n in counts), args.rounds,
-                       lambda name, rnd: rollout_limit(spec, int(name.split("_")[1]), args.limit_seconds, seed=rnd))
+        limit = rounds(
+            tuple(f"limit_{n}" for n in counts),
+            args.rounds,
+            lambda name, rnd: rollout_limit(spec, int(name.split("_")[1]), args.limit_seconds, seed=rnd),
+        )
         runners = sampling_runners(spec)
         fast_reason = runners["fast_runner"].fast_off_reason
-        C.say(f"rayrl fast runner on {env_id}: fast path "
-              + ("active" if fast_reason is None else f"OFF, RLlib's loop is used ({fast_reason})"))
+        C.say(
+            f"rayrl fast runner on {env_id}: fast path "
+            + ("active" if fast_reason is None else f"OFF, RLlib's loop is used ({fast_reason})")
+        )
         batch = spec.algo.train_batch_per_learner
-        sampling = rounds(SAMPLING, args.rounds,
-                          lambda name, rnd: sample_sps(runners[name], batch, args.sample_seconds), failed)
+        sampling = rounds(
+            SAMPLING, args.rounds, lambda name, rnd: sample_sps(runners[name], batch, args.sample_seconds), failed
+        )
         for r in runners.values():
             r.stop()
         timers: dict[str, dict] = {}
@@ -355,17 +397,34 @@ def main(argv: list[str] | None = None) -> int:
     report = figures(limit, sampling, e2e_runs, envs, spec.env.id)
     for name in left_out:
         report[f"{name}_sps"] = None
-    report.update({
-        "env_id": env_id, "left_out": left_out, "failed": failed,
-        "limit_vectorization_mode": vector_mode(env_id), "sampling_vectorization_modes": sampling_modes(env_id),
-        "rayrl_fast_path": fast_path(fast_reason, spec.model.normalize_obs,
-                                     failed.get("fast_runner") or failed.get("rayrl_fast")),
-        "timers_median_s": timers, "knee_source": source, "ladder": ladder,
-        "rayrl_spec": {"batch": batch, "minibatch": spec.algo.minibatch_size, "epochs": spec.algo.epochs,
-                       "env_runners": spec.resources.env_runners, "envs_per_runner": envs, "hidden": spec.model.hidden,
-                       "normalize_obs": spec.model.normalize_obs, "evaluation_interval": spec.evaluation.interval},
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "machine": C.machine(), "wall_s": round(time.monotonic() - started, 1)})
+    report.update(
+        {
+            "env_id": env_id,
+            "left_out": left_out,
+            "failed": failed,
+            "limit_vectorization_mode": vector_mode(env_id),
+            "sampling_vectorization_modes": sampling_modes(env_id),
+            "rayrl_fast_path": fast_path(
+                fast_reason, spec.model.normalize_obs, failed.get("fast_runner") or failed.get("rayrl_fast")
+            ),
+            "timers_median_s": timers,
+            "knee_source": source,
+            "ladder": ladder,
+            "rayrl_spec": {
+                "batch": batch,
+                "minibatch": spec.algo.minibatch_size,
+                "epochs": spec.algo.epochs,
+                "env_runners": spec.resources.env_runners,
+                "envs_per_runner": envs,
+                "hidden": spec.model.hidden,
+                "normalize_obs": spec.model.normalize_obs,
+                "evaluation_interval": spec.evaluation.interval,
+            },
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "machine": C.machine(),
+            "wall_s": round(time.monotonic() - started, 1),
+        }
+    )
     print_report(report)
     C.write_json(args.out, report)
     return 0
@@ -376,8 +435,10 @@ def figures(limit: dict, sampling: dict, e2e: dict, envs: int, env_id: str = "Ca
     med = {name: C.median([x for rnd in runs for x in rnd]) for name, runs in {**limit, **sampling, **e2e}.items()}
     best_name = max(limit, key=lambda n: med[n])
     out: dict[str, Any] = {
-        "limit_sps": med[f"limit_{envs}"], "limit_envs": envs,
-        "limit_best_sps": med[best_name], "limit_best_envs": int(best_name.split("_")[1]),
+        "limit_sps": med[f"limit_{envs}"],
+        "limit_envs": envs,
+        "limit_best_sps": med[best_name],
+        "limit_best_envs": int(best_name.split("_")[1]),
         **{f"{name}_sps": med[name] for name in (*SAMPLING, *e2e)},
     }
     r = C.ratio
@@ -392,26 +453,43 @@ def figures(limit: dict, sampling: dict, e2e: dict, envs: int, env_id: str = "Ca
     for other in ("rllib_tuned_example", "sb3_zoo"):
         if other in e2e and "rayrl_fast" in e2e:
             out[f"rayrl_fast_over_{other}_different_settings"] = r(med["rayrl_fast"], med[other])
-    out["round_ratios_fast_over_rllib_runner"] = [r(C.median(f), C.median(g)) for f, g in
-                                                  zip(sampling["fast_runner"], sampling["rllib_runner"])]
-    out["goals"] = {k: {"goal": g, "value": out.get(k), "met": bool(out.get(k) is not None and out[k] >= g)}
-                    for k, g in goals_for(env_id).items()}
+    out["round_ratios_fast_over_rllib_runner"] = [
+        r(C.median(f), C.median(g)) for f, g in zip(sampling["fast_runner"], sampling["rllib_runner"])
+    ]
+    out["goals"] = {
+        k: {"goal": g, "value": out.get(k), "met": bool(out.get(k) is not None and out[k] >= g)}
+        for k, g in goals_for(env_id).items()
+    }
     out["round_medians"] = {name: [C.median(x) for x in runs] for name, runs in {**limit, **sampling, **e2e}.items()}
     return out
 
 
 def print_report(report: dict) -> None:
     lim = report["limit_sps"]
-    rows = [[f"bare loop, {report['limit_envs']} envs", lim, 1.0, ""],
-            [f"bare loop, best ({report['limit_best_envs']} envs)", report["limit_best_sps"],
-             C.ratio(report["limit_best_sps"], lim), ""]]
-    same_env = "same numpy env" if report.get("limit_vectorization_mode", "vector_entry_point") == \
-        "vector_entry_point" else "same SyncVectorEnv"
-    labels = {"rllib_runner": f"RLlib SingleAgentEnvRunner ({same_env})",
-              "rllib_runner_sync": "RLlib SingleAgentEnvRunner (SyncVectorEnv, its default)",
-              "fast_runner": "rayrl fast runner", "rllib_same_settings": "stock RLlib, rayrl's settings",
-              "rllib_tuned_example": "RLlib tuned example (its settings)", "sb3_zoo": "SB3 + RL Zoo (its settings)",
-              "rayrl": "rayrl, env.runner rllib", "rayrl_fast": "rayrl, env.runner fast"}
+    rows = [
+        [f"bare loop, {report['limit_envs']} envs", lim, 1.0, ""],
+        [
+            f"bare loop, best ({report['limit_best_envs']} envs)",
+            report["limit_best_sps"],
+            C.ratio(report["limit_best_sps"], lim),
+            "",
+        ],
+    ]
+    same_env = (
+        "same numpy env"
+        if report.get("limit_vectorization_mode", "vector_entry_point") == "vector_entry_point"
+        else "same SyncVectorEnv"
+    )
+    labels = {
+        "rllib_runner": f"RLlib SingleAgentEnvRunner ({same_env})",
+        "rllib_runner_sync": "RLlib SingleAgentEnvRunner (SyncVectorEnv, its default)",
+        "fast_runner": "rayrl fast runner",
+        "rllib_same_settings": "stock RLlib, rayrl's settings",
+        "rllib_tuned_example": "RLlib tuned example (its settings)",
+        "sb3_zoo": "SB3 + RL Zoo (its settings)",
+        "rayrl": "rayrl, env.runner rllib",
+        "rayrl_fast": "rayrl, env.runner fast",
+    }
     for name in (*SAMPLING, *END_TO_END):
         if f"{name}_sps" in report:
             kind = "sampling" if name in SAMPLING else "end to end"
@@ -426,19 +504,26 @@ def print_report(report: dict) -> None:
     C.say(C.table(["contender", "env steps/s", "x bare loop", "what"], rows))
     for k, g in report["goals"].items():
         v = g["value"]
-        C.say(f"{k} = {v:.2f} (goal >= {g['goal']}: {'met' if g['met'] else 'MISSED'})"
-              if v is not None and math.isfinite(v) else f"{k}: not measured")
+        C.say(
+            f"{k} = {v:.2f} (goal >= {g['goal']}: {'met' if g['met'] else 'MISSED'})"
+            if v is not None and math.isfinite(v)
+            else f"{k}: not measured"
+        )
     for name, why in report.get("left_out", {}).items():
         C.say(f"{name}: left out on {report['env_id']}: {why}")
     for name, why in report.get("failed", {}).items():
         C.say(f"{name}: FAILED: {why}")
     if "rayrl_fast_path" in report:
         C.say(f"rayrl_fast / fast_runner on {report['env_id']}: {report['rayrl_fast_path']['note']}")
-    C.say("fast / RLlib runner within each round: "
-          + ", ".join(f"{x:.2f}" for x in report["round_ratios_fast_over_rllib_runner"]))
+    C.say(
+        "fast / RLlib runner within each round: "
+        + ", ".join(f"{x:.2f}" for x in report["round_ratios_fast_over_rllib_runner"])
+    )
     m = report["machine"]
-    C.say(f"machine: {m['nproc']} x {m['cpu_model']}, load {m['load_avg_1m']}; {m['date']}; "
-          f"ray {m['ray']}, torch {m['torch']}; {report['wall_s']:.0f} s")
+    C.say(
+        f"machine: {m['nproc']} x {m['cpu_model']}, load {m['load_avg_1m']}; {m['date']}; "
+        f"ray {m['ray']}, torch {m['torch']}; {report['wall_s']:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -52,9 +52,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
-
+from typing import Any
 
 from benchmarks import common as C
 from benchmarks import contenders as K
@@ -71,8 +71,14 @@ ENV_DEFAULTS["Hopper-v4"] = ENV_DEFAULTS["Hopper-v5"]
 #: Any other env: no default target (there is no meaningful one without knowing the env), these caps.
 OTHER_CAPS = {"full": (1_000_000, 300.0), "quick": (60_000, 60.0)}
 
-CONTENDERS = ("sb3_zoo", "rllib_same_settings", "rllib_tuned_example", "rayrl_default", "rayrl_sweep_best",
-              "rayrl_sweep_total")
+CONTENDERS = (
+    "sb3_zoo",
+    "rllib_same_settings",
+    "rllib_tuned_example",
+    "rayrl_default",
+    "rayrl_sweep_best",
+    "rayrl_sweep_total",
+)
 RUN = CONTENDERS[:-1]  #: the total is derived, not run
 
 
@@ -88,12 +94,14 @@ def peers(env_id: str, sweep: bool = False) -> list[str]:
 def refusal(env_id: str, names: list[str]) -> str:
     """The one-paragraph error for env-specific contenders asked for on an env they do not cover."""
     why = left_out(env_id)
-    return (f"--contenders {' '.join(names)}: cannot run on {env_id} (the env of --config): "
-            + "; ".join(f"{n}: {why[n]}" for n in names)
-            + f". Supported: sb3_zoo on {', '.join(K.SB3_ZOO_ENVS)}; rllib_tuned_example on "
-            f"{', '.join(K.TUNED_EXAMPLE_ENVS)}; rllib_same_settings, rayrl_default (and rayrl_sweep_best/"
-            f"rayrl_sweep_total with --sweep) on any env, since they follow the spec. On {env_id} run e.g. "
-            f"--contenders {' '.join(peers(env_id))}, or add that env's tuned settings to benchmarks/contenders.py.")
+    return (
+        f"--contenders {' '.join(names)}: cannot run on {env_id} (the env of --config): "
+        + "; ".join(f"{n}: {why[n]}" for n in names)
+        + f". Supported: sb3_zoo on {', '.join(K.SB3_ZOO_ENVS)}; rllib_tuned_example on "
+        f"{', '.join(K.TUNED_EXAMPLE_ENVS)}; rllib_same_settings, rayrl_default (and rayrl_sweep_best/"
+        f"rayrl_sweep_total with --sweep) on any env, since they follow the spec. On {env_id} run e.g. "
+        f"--contenders {' '.join(peers(env_id))}, or add that env's tuned settings to benchmarks/contenders.py."
+    )
 
 
 def env_defaults(env_id: str, quick: bool) -> tuple[float | None, float, float]:
@@ -121,15 +129,27 @@ def random_play(env_id: str, episodes: int = 100, seed: int = 0) -> float:
     return total / episodes
 
 
-def run_to_target(config: Any, target: float, max_env_steps: float, max_wall_s: float,
-                  progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run_to_target(
+    config: Any,
+    target: float,
+    max_env_steps: float,
+    max_wall_s: float,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """Train an RLlib config until the mean return >= ``target`` or a cap; wall time from the first train().
     ``progress`` gets the running figures after every iteration."""
     from rayrl.observe import keys
+
     t0 = time.perf_counter()
     algo = config.build_algo()
-    out: dict[str, Any] = {"reached": False, "build_s": time.perf_counter() - t0, "iterations": 0, "wall_s": 0.0,
-                           "env_steps": 0.0, "return": float("nan")}
+    out: dict[str, Any] = {
+        "reached": False,
+        "build_s": time.perf_counter() - t0,
+        "iterations": 0,
+        "wall_s": 0.0,
+        "env_steps": 0.0,
+        "return": float("nan"),
+    }
     try:
         start = time.perf_counter()
         while True:
@@ -160,6 +180,7 @@ def progress_printer(name: str, every_s: float) -> Callable[[dict[str, Any]], No
         if r["wall_s"] - last[0] >= every_s:
             last[0] = r["wall_s"]
             C.say(f"    {name:<20} {r['wall_s']:6.1f} s {r['env_steps']:>10,.0f} env steps  return {r['return']:.1f}")
+
     return show
 
 
@@ -170,21 +191,37 @@ def run_one(name: str, seed: int, args: argparse.Namespace, specs: dict[str, Any
         t0 = time.perf_counter()
         model = K.sb3_zoo(seed=seed, env_id=env_id)
         build = time.perf_counter() - t0
-        r = K.sb3_learn(model, int(args.max_env_steps), target=args.target, window=C.RETURN_WINDOW,
-                        max_wall_s=args.max_wall_s, horizon=K.zoo_timesteps(env_id), progress=progress)
+        r = K.sb3_learn(
+            model,
+            int(args.max_env_steps),
+            target=args.target,
+            window=C.RETURN_WINDOW,
+            max_wall_s=args.max_wall_s,
+            horizon=K.zoo_timesteps(env_id),
+            progress=progress,
+        )
         return {**r, "build_s": build}
-    config = {"rllib_same_settings": lambda: K.rllib_same_settings(specs["rayrl_default"], seed=seed),
-              "rllib_tuned_example": lambda: K.rllib_tuned_example(seed=seed, env_id=env_id),
-              "rayrl_default": lambda: K.rayrl(specs["rayrl_default"], specs["rayrl_default"].env.runner, seed),
-              "rayrl_sweep_best": lambda: K.rayrl(specs["rayrl_sweep_best"], specs["rayrl_sweep_best"].env.runner,
-                                                  seed)}[name]()
+    config = {
+        "rllib_same_settings": lambda: K.rllib_same_settings(specs["rayrl_default"], seed=seed),
+        "rllib_tuned_example": lambda: K.rllib_tuned_example(seed=seed, env_id=env_id),
+        "rayrl_default": lambda: K.rayrl(specs["rayrl_default"], specs["rayrl_default"].env.runner, seed),
+        "rayrl_sweep_best": lambda: K.rayrl(specs["rayrl_sweep_best"], specs["rayrl_sweep_best"].env.runner, seed),
+    }[name]()
     return run_to_target(config, args.target, args.max_env_steps, args.max_wall_s, progress)
 
 
 def with_sweep_cost(runs: list[dict], sweep: dict) -> list[dict]:
     """rayrl_sweep_total per seed: the sweep's own wall time and env steps + the best config's run."""
-    return [{**r, "wall_s": r["wall_s"] + sweep["wall_s"], "env_steps": r["env_steps"] + sweep["env_steps_total"],
-             "sweep_wall_s": sweep["wall_s"], "sweep_env_steps": sweep["env_steps_total"]} for r in runs]
+    return [
+        {
+            **r,
+            "wall_s": r["wall_s"] + sweep["wall_s"],
+            "env_steps": r["env_steps"] + sweep["env_steps_total"],
+            "sweep_wall_s": sweep["wall_s"],
+            "sweep_env_steps": sweep["env_steps_total"],
+        }
+        for r in runs
+    ]
 
 
 def summarise(runs: list[dict]) -> dict[str, Any]:
@@ -193,18 +230,26 @@ def summarise(runs: list[dict]) -> dict[str, Any]:
     steps = C.median([r["env_steps"] for r in runs])
     # A censored run at or below the median could, uncensored, have moved it up.
     lower = any(not r["reached"] and (r["wall_s"] <= wall or r["env_steps"] <= steps) for r in runs)
-    return {"median_wall_s": wall, "median_env_steps": steps, "reached": sum(r["reached"] for r in runs),
-            "n": len(runs), "median_is_lower_bound": lower, "runs": runs,
-            "build_s": C.median([r.get("build_s", float("nan")) for r in runs]),
-            "env_steps_per_s": C.median([C.ratio(r["env_steps"], r["wall_s"]) for r in runs])}
+    return {
+        "median_wall_s": wall,
+        "median_env_steps": steps,
+        "reached": sum(r["reached"] for r in runs),
+        "n": len(runs),
+        "median_is_lower_bound": lower,
+        "runs": runs,
+        "build_s": C.median([r.get("build_s", float("nan")) for r in runs]),
+        "env_steps_per_s": C.median([C.ratio(r["env_steps"], r["wall_s"]) for r in runs]),
+    }
 
 
 def goals(s: dict[str, dict]) -> dict[str, Any]:
     """The issue's goals for the sweep's answer: met, missed, or not measured (with the figures)."""
     best = s.get("rayrl_sweep_best")
     out = {}
-    for other, factor, key in (("rayrl_default", 0.5, "sweep_best_wall_le_half_default"),
-                               ("sb3_zoo", 1.0, "sweep_best_wall_le_sb3_zoo")):
+    for other, factor, key in (
+        ("rayrl_default", 0.5, "sweep_best_wall_le_half_default"),
+        ("sb3_zoo", 1.0, "sweep_best_wall_le_sb3_zoo"),
+    ):
         if best is None or other not in s:
             out[key] = {"met": None, "why": "not measured"}
             continue
@@ -215,27 +260,64 @@ def goals(s: dict[str, dict]) -> dict[str, Any]:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="1 seed, a low target, caps 60,000 steps / 60 s: a smoke "
-                   "test (target 150 on CartPole-v1, %g on Hopper)" % HOPPER_QUICK_TARGET)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="1 seed, a low target, caps 60,000 steps / 60 s: a smoke "
+        f"test (target 150 on CartPole-v1, {HOPPER_QUICK_TARGET:g} on Hopper)",
+    )
     p.add_argument("--out", type=Path, help="also write the figures as JSON here")
-    p.add_argument("--config", type=Path, default=C.DEFAULT_CONFIG, help="rayrl_default's spec; its env id picks "
-                   "the peers and the defaults (default: %(default)s)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
-                   help="override a field of rayrl_default's spec")
-    p.add_argument("--sweep", type=Path, help="a sweep's run folder (best_config.yaml, summary.json): adds "
-                   "rayrl_sweep_best and rayrl_sweep_total")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=C.DEFAULT_CONFIG,
+        help="rayrl_default's spec; its env id picks the peers and the defaults (default: %(default)s)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="override a field of rayrl_default's spec",
+    )
+    p.add_argument(
+        "--sweep",
+        type=Path,
+        help="a sweep's run folder (best_config.yaml, summary.json): adds rayrl_sweep_best and rayrl_sweep_total",
+    )
     p.add_argument("--contenders", nargs="+", choices=CONTENDERS, help="a subset (default: all that can run)")
     p.add_argument("--seeds", type=int, help="seeds per contender (default 3; quick 1)")
-    p.add_argument("--seed-base", type=int, default=5000, help="first seed (default %(default)s: unseen by tuning; "
-                   "a sweep's confirmation uses its spec seed + 1000, 2000, ...; with --sweep a clash is refused)")
-    p.add_argument("--target", type=float, help="mean return of the last 20 episodes to reach (default: CartPole-v1 "
-                   f"450, quick 150; Hopper {HOPPER_TARGET:g}, quick {HOPPER_QUICK_TARGET:g}; other envs: required)")
-    p.add_argument("--max-env-steps", type=float, help="cap per run (default: CartPole-v1 500000; Hopper and others "
-                   "1000000; quick 60000)")
-    p.add_argument("--max-wall-s", type=float, help="cap per run, seconds of training (default: CartPole-v1 200; "
-                   "Hopper and others 300; quick 60)")
-    p.add_argument("--progress", type=float, default=0.0, metavar="S",
-                   help="print each run's return vs env steps and wall s about every S seconds (default: off)")
+    p.add_argument(
+        "--seed-base",
+        type=int,
+        default=5000,
+        help="first seed (default %(default)s: unseen by tuning; "
+        "a sweep's confirmation uses its spec seed + 1000, 2000, ...; with --sweep a clash is refused)",
+    )
+    p.add_argument(
+        "--target",
+        type=float,
+        help="mean return of the last 20 episodes to reach (default: CartPole-v1 "
+        f"450, quick 150; Hopper {HOPPER_TARGET:g}, quick {HOPPER_QUICK_TARGET:g}; other envs: required)",
+    )
+    p.add_argument(
+        "--max-env-steps",
+        type=float,
+        help="cap per run (default: CartPole-v1 500000; Hopper and others 1000000; quick 60000)",
+    )
+    p.add_argument(
+        "--max-wall-s",
+        type=float,
+        help="cap per run, seconds of training (default: CartPole-v1 200; Hopper and others 300; quick 60)",
+    )
+    p.add_argument(
+        "--progress",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="print each run's return vs env steps and wall s about every S seconds (default: off)",
+    )
     C.add_torch_threads(p)
     args = p.parse_args(argv)
     q = args.quick
@@ -249,9 +331,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.max_env_steps = args.max_env_steps if args.max_env_steps is not None else max_steps
     args.max_wall_s = args.max_wall_s if args.max_wall_s is not None else max_wall
     if args.target is None:
-        p.error(f"--target: there is no default target return for {args.env_id} (defaults exist for "
-                f"{', '.join(ENV_DEFAULTS)}); give the mean return of the last 20 episodes to reach, well above "
-                "random play, e.g. after a short --progress probe")
+        p.error(
+            f"--target: there is no default target return for {args.env_id} (defaults exist for "
+            f"{', '.join(ENV_DEFAULTS)}); give the mean return of the last 20 episodes to reach, well above "
+            "random play, e.g. after a short --progress probe"
+        )
     if args.seeds < 1 or args.max_env_steps <= 0 or args.max_wall_s <= 0:
         p.error("--seeds must be >= 1, --max-env-steps and --max-wall-s > 0")
     skip = left_out(args.env_id)
@@ -261,19 +345,24 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.left_out = {} if args.contenders else skip
     wanted = args.contenders or peers(args.env_id, bool(args.sweep))
     if any(c.startswith("rayrl_sweep") for c in wanted) and not args.sweep:
-        p.error("rayrl_sweep_best and rayrl_sweep_total need --sweep RUN_FOLDER (a sweep's best_config.yaml and "
-                "summary.json)")
+        p.error(
+            "rayrl_sweep_best and rayrl_sweep_total need --sweep RUN_FOLDER (a sweep's best_config.yaml and "
+            "summary.json)"
+        )
     if args.sweep and not ((args.sweep / "best_config.yaml").is_file() and (args.sweep / "summary.json").is_file()):
-        p.error(f"--sweep: {str(args.sweep)!r} has no best_config.yaml and summary.json; give a finished sweep's "
-                "run folder")
+        p.error(
+            f"--sweep: {str(args.sweep)!r} has no best_config.yaml and summary.json; give a finished sweep's run folder"
+        )
     if args.sweep:
         seen = tuning_seeds(args.sweep)
         clash = sorted(seen & set(range(args.seed_base, args.seed_base + args.seeds)))
         if clash:
-            p.error(f"--seed-base {args.seed_base}: seeds {clash} were used by the sweep in {str(args.sweep)!r} "
-                    f"(its phases and confirmation used {sorted(seen)}); the answer must be judged on seeds no "
-                    f"tuning saw: give a --seed-base whose {args.seeds} seeds avoid them, e.g. "
-                    f"{max(seen) + 1001}")
+            p.error(
+                f"--seed-base {args.seed_base}: seeds {clash} were used by the sweep in {str(args.sweep)!r} "
+                f"(its phases and confirmation used {sorted(seen)}); the answer must be judged on seeds no "
+                f"tuning saw: give a --seed-base whose {args.seeds} seeds avoid them, e.g. "
+                f"{max(seen) + 1001}"
+            )
     if "rayrl_sweep_total" in wanted and "rayrl_sweep_best" not in wanted:
         wanted.append("rayrl_sweep_best")
     args.contenders = [c for c in CONTENDERS if c in wanted]
@@ -302,8 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, why in args.left_out.items():
         C.say(f"{name} left out on {args.env_id}: {why}")
     random_return = random_play(specs["rayrl_default"].env.id)
-    C.say(f"random play: mean return {random_return:.1f}; target {args.target:g} "
-          f"({C.ratio(args.target, random_return):.1f}x random)")
+    C.say(
+        f"random play: mean return {random_return:.1f}; target {args.target:g} "
+        f"({C.ratio(args.target, random_return):.1f}x random)"
+    )
     started = time.monotonic()
     to_run = [c for c in args.contenders if c in RUN]
     runs: dict[str, list[dict]] = {c: [] for c in to_run}
@@ -315,21 +406,35 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_one(name, seed, args, specs)
                 r["seed"] = seed
                 runs[name].append(r)
-                C.say(f"[seed {seed}] {name:<20} {'reached' if r['reached'] else 'NOT reached'} {args.target:g} in "
-                      f"{r['wall_s']:.1f} s, {r['env_steps']:,.0f} env steps (return {r['return']:.1f})")
+                C.say(
+                    f"[seed {seed}] {name:<20} {'reached' if r['reached'] else 'NOT reached'} {args.target:g} in "
+                    f"{r['wall_s']:.1f} s, {r['env_steps']:,.0f} env steps (return {r['return']:.1f})"
+                )
                 # Every run is on disk as soon as it ends: a killed benchmark keeps what it measured.
                 C.write_json(args.out, {"partial": True, "target_return": args.target, "runs": runs}, quiet=True)
     if "rayrl_sweep_total" in args.contenders:
         runs["rayrl_sweep_total"] = with_sweep_cost(runs["rayrl_sweep_best"], sweep)
     summary = {name: summarise(rs) for name, rs in runs.items()}
     report: dict[str, Any] = {
-        "env_id": args.env_id, "left_out": args.left_out,
-        "target_return": args.target, "random_play_return": random_return,
-        "return_window_episodes": C.RETURN_WINDOW, "contenders": summary, "goals": goals(summary),
-        "sweep": {"run_dir": str(args.sweep), "wall_s": sweep.get("wall_s"),
-                  "env_steps_total": sweep.get("env_steps_total"), "best": sweep.get("best")} if args.sweep else None,
+        "env_id": args.env_id,
+        "left_out": args.left_out,
+        "target_return": args.target,
+        "random_play_return": random_return,
+        "return_window_episodes": C.RETURN_WINDOW,
+        "contenders": summary,
+        "goals": goals(summary),
+        "sweep": {
+            "run_dir": str(args.sweep),
+            "wall_s": sweep.get("wall_s"),
+            "env_steps_total": sweep.get("env_steps_total"),
+            "best": sweep.get("best"),
+        }
+        if args.sweep
+        else None,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "machine": C.machine(), "wall_total_s": round(time.monotonic() - started, 1)}
+        "machine": C.machine(),
+        "wall_total_s": round(time.monotonic() - started, 1),
+    }
     print_report(report)
     C.write_json(args.out, report)
     return 0
@@ -339,17 +444,29 @@ def print_report(report: dict) -> None:
     rows = []
     for name, s in report["contenders"].items():
         lb = "≥ " if s["median_is_lower_bound"] else ""
-        rows.append([name, f"{lb}{s['median_wall_s']:,.1f}", f"{lb}{s['median_env_steps']:,.0f}",
-                     f"{s['reached']}/{s['n']}", s["env_steps_per_s"], s["build_s"]])
-    C.say(f"\ntime to a mean return >= {report['target_return']:g} (last {report['return_window_episodes']} "
-          f"episodes; random play {report['random_play_return']:.1f}), median over seeds:")
+        rows.append(
+            [
+                name,
+                f"{lb}{s['median_wall_s']:,.1f}",
+                f"{lb}{s['median_env_steps']:,.0f}",
+                f"{s['reached']}/{s['n']}",
+                s["env_steps_per_s"],
+                s["build_s"],
+            ]
+        )
+    C.say(
+        f"\ntime to a mean return >= {report['target_return']:g} (last {report['return_window_episodes']} "
+        f"episodes; random play {report['random_play_return']:.1f}), median over seeds:"
+    )
     C.say(C.table(["contender", "wall s", "env steps", "reached", "env steps/s", "build s"], rows))
     for key, g in report["goals"].items():
         state = "not measured" if g["met"] is None else "met" if g["met"] else "MISSED"
         C.say(f"{key}: {state}" + (f" ({g['value']:.1f} s vs {g['bound']:.1f} s)" if "value" in g else ""))
     m = report["machine"]
-    C.say(f"machine: {m['nproc']} x {m['cpu_model']}, load {m['load_avg_1m']}; {m['date']}; "
-          f"{report['wall_total_s']:.0f} s")
+    C.say(
+        f"machine: {m['nproc']} x {m['cpu_model']}, load {m['load_avg_1m']}; {m['date']}; "
+        f"{report['wall_total_s']:.0f} s"
+    )
 
 
 if __name__ == "__main__":

@@ -25,16 +25,35 @@ def fail(message: str, prog: str = "rayrl") -> None:
 
 def add_run_args(p: argparse.ArgumentParser, default_config: str | None = None) -> None:
     """The flags `rayrl train` and `experiments/sweep.py` share."""
-    p.add_argument("--config", default=default_config, required=default_config is None,
-                   help="experiment spec YAML" + (f" (default: {default_config})" if default_config else ""))
-    p.add_argument("--name", default=None, help="run name: the folder under --storage; running the same "
-                   "name again resumes it (default: the spec's name)")
-    p.add_argument("--storage", default="runs", help="where runs are kept: a local folder or a URI (s3://, "
-                   "gs://, any pyarrow filesystem; an S3-compatible server via AWS_ENDPOINT_URL or "
-                   "?endpoint_override=HOST:PORT&scheme=http); one live run per name (default: ./runs)")
-    p.add_argument("--allow-shared-run-dir", action="store_true",
-                   help="accept a local run folder owned by another user or writable by others (resuming runs "
-                   "what they wrote there; see docs/security.md); a symlinked run folder is never accepted")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a spec field by dotted path, value parsed as YAML, e.g. --set algo.lr=1e-4 "
-                   "(repeatable)")
+    p.add_argument(
+        "--config",
+        default=default_config,
+        required=default_config is None,
+        help="experiment spec YAML" + (f" (default: {default_config})" if default_config else ""),
+    )
+    p.add_argument(
+        "--name",
+        default=None,
+        help="run name: the folder under --storage; running the same name again resumes it (default: the spec's name)",
+    )
+    p.add_argument(
+        "--storage",
+        default="runs",
+        help="where runs are kept: a local folder or a URI (s3://, "
+        "gs://, any pyarrow filesystem; an S3-compatible server via AWS_ENDPOINT_URL or "
+        "?endpoint_override=HOST:PORT&scheme=http); one live run per name (default: ./runs)",
+    )
+    p.add_argument(
+        "--allow-shared-run-dir",
+        action="store_true",
+        help="accept a local run folder owned by another user or writable by others (resuming runs "
+        "what they wrote there; see docs/security.md); a symlinked run folder is never accepted",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec field by dotted path, value parsed as YAML, e.g. --set algo.lr=1e-4 (repeatable)",
+    )

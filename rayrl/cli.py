@@ -8,34 +8,49 @@ from __future__ import annotations
 
 import argparse
 import sys
-import textwrap
-from typing import Sequence
+from collections.abc import Sequence
 
 from rayrl.args import Parser, add_run_args, fail
 from rayrl.errors import EXIT_USAGE, UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="rayrl", description="Ray-native RL training: RLlib env runners, Torch learners, "
-                     "Tune sweeps. See README.md.")
+    parser = Parser(
+        prog="rayrl",
+        description="Ray-native RL training: RLlib env runners, Torch learners, Tune sweeps. See README.md.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    train = sub.add_parser("train", help="one long, checkpointed, resumable training run",
-                           description="Train one experiment under Tune: checkpoints every "
-                           "checkpoint.every iterations (keeping checkpoint.keep), retries from the latest "
-                           "checkpoint on failure, stops at the spec's stop criteria. Ctrl-C leaves a "
-                           "resumable run: the same command again continues from the last checkpoint.")
+    train = sub.add_parser(
+        "train",
+        help="one long, checkpointed, resumable training run",
+        description="Train one experiment under Tune: checkpoints every "
+        "checkpoint.every iterations (keeping checkpoint.keep), retries from the latest "
+        "checkpoint on failure, stops at the spec's stop criteria. Ctrl-C leaves a "
+        "resumable run: the same command again continues from the last checkpoint.",
+    )
     add_run_args(train)
-    train.add_argument("--address", default=None, help="Ray address to join (default: the cluster this "
-                       "process runs in under `ray job submit`, else a new local Ray)")
+    train.add_argument(
+        "--address",
+        default=None,
+        help="Ray address to join (default: the cluster this "
+        "process runs in under `ray job submit`, else a new local Ray)",
+    )
     train.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray (default: all)")
-    train.add_argument("--population", type=int, default=None, metavar="K", help="train K trials together with "
-                       "Population Based Training (sets population.size; see `rayrl spec`)")
+    train.add_argument(
+        "--population",
+        type=int,
+        default=None,
+        metavar="K",
+        help="train K trials together with Population Based Training (sets population.size; see `rayrl spec`)",
+    )
 
-    spec_cmd = sub.add_parser("spec", help="print every spec field with its default and meaning, or "
-                              "validate a spec file",
-                              description="With no --config, list every spec field. With --config, "
-                              "validate it (and any --set overrides) and print the full resolved spec.")
+    spec_cmd = sub.add_parser(
+        "spec",
+        help="print every spec field with its default and meaning, or validate a spec file",
+        description="With no --config, list every spec field. With --config, "
+        "validate it (and any --set overrides) and print the full resolved spec.",
+    )
     spec_cmd.add_argument("--config", default=None, help="a spec YAML to validate and print resolved")
     spec_cmd.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
 
@@ -83,6 +98,7 @@ def _spec(args: argparse.Namespace) -> int:
     import yaml
 
     from rayrl import spec
+
     if args.config:
         resolved = spec.load(args.config, args.overrides)
         print(yaml.safe_dump(spec.to_dict(resolved), sort_keys=False), end="")

@@ -17,5 +17,7 @@ EXTRAS = {
 def require(module: str, extra: str, needed_by: str) -> None:
     """Raise SpecError naming the pip command when ``module`` is not importable."""
     if importlib.util.find_spec(module) is None:
-        raise SpecError(f"{needed_by} needs {module}, which is not installed; run: pip install "
-                        f"'rayrl[{extra}]' (it installs {EXTRAS[extra]}).")
+        raise SpecError(
+            f"{needed_by} needs {module}, which is not installed; run: pip install "
+            f"'rayrl[{extra}]' (it installs {EXTRAS[extra]})."
+        )

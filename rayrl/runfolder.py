@@ -11,9 +11,10 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Protocol
 
 # Files
 SPEC = "spec.yaml"
@@ -40,16 +41,47 @@ EXPAND, STOP, CAP, FAILED = "expand", "stop", "cap", "failed"
 DECISIONS = (EXPAND, STOP, CAP, FAILED)
 TRIALS_COLUMNS = ("trial_id", "batch_size", "lr", "env_steps", "episode_return_mean", "status")
 TRIAL_STATUSES = ("reached_target", "completed", "stopped_early", "error")
-CONFIRM_COLUMNS = ("candidate", "phase2_trial_id", "batch_size", "lr", "seed", "trial_id", "env_steps", "wall_s",
-                   "usd", "episode_return_mean", "reached", "stopped")
+CONFIRM_COLUMNS = (
+    "candidate",
+    "phase2_trial_id",
+    "batch_size",
+    "lr",
+    "seed",
+    "trial_id",
+    "env_steps",
+    "wall_s",
+    "usd",
+    "episode_return_mean",
+    "reached",
+    "stopped",
+)
 #: confirm.csv's ``stopped``: at the target, at the budget, by the race (it could no longer change the
 #: choice), or errored
 CONFIRM_STOPPED = ("target", "budget", "race", "error")
 HISTORY_COLUMNS = (
-    "trial_id", "phase", "batch_size", "lr", "training_iteration", "env_steps", "episode_return_mean",
-    "eval_return_mean", "env_steps_per_s", "learner_samples_per_s", "total_loss", "grad_norm", "loss_scale",
-    "nonfinite_steps", "time_total_s", "cpu_util", "mem_util", "gpu_util", "gpu_mem_util", "net_util",
-    "num_learners", "backend", "precision",
+    "trial_id",
+    "phase",
+    "batch_size",
+    "lr",
+    "training_iteration",
+    "env_steps",
+    "episode_return_mean",
+    "eval_return_mean",
+    "env_steps_per_s",
+    "learner_samples_per_s",
+    "total_loss",
+    "grad_norm",
+    "loss_scale",
+    "nonfinite_steps",
+    "time_total_s",
+    "cpu_util",
+    "mem_util",
+    "gpu_util",
+    "gpu_mem_util",
+    "net_util",
+    "num_learners",
+    "backend",
+    "precision",
 )
 
 
@@ -103,8 +135,9 @@ def rank_trials(trials: Iterable[dict]) -> list[dict]:
     usable = [t for t in trials if t["episode_return_mean"] is not None and t["status"] != "error"]
     at_target = [t for t in usable if t["status"] == "reached_target" and t["env_steps"] is not None]
     rest = [t for t in usable if not any(t is r for r in at_target)]
-    return (sorted(at_target, key=lambda t: (t["env_steps"], -t["episode_return_mean"]))
-            + sorted(rest, key=lambda t: -t["episode_return_mean"]))
+    return sorted(at_target, key=lambda t: (t["env_steps"], -t["episode_return_mean"])) + sorted(
+        rest, key=lambda t: -t["episode_return_mean"]
+    )
 
 
 def write_csv(out: TextWriter, rel: str, columns: Sequence[str], rows: Iterable[dict]) -> None:
@@ -117,27 +150,58 @@ def write_csv(out: TextWriter, rel: str, columns: Sequence[str], rows: Iterable[
 
 
 def write_doubling(out: TextWriter, rows: Sequence[LadderRow]) -> None:
-    write_csv(out, DOUBLING, DOUBLING_COLUMNS, [
-        {"batch_size": r.batch_size, "env_steps_per_s": "" if r.env_steps_per_s is None else round(r.env_steps_per_s, 2),
-         "gain": "" if r.gain is None else round(r.gain, 4), "decision": r.decision} for r in rows])
+    write_csv(
+        out,
+        DOUBLING,
+        DOUBLING_COLUMNS,
+        [
+            {
+                "batch_size": r.batch_size,
+                "env_steps_per_s": "" if r.env_steps_per_s is None else round(r.env_steps_per_s, 2),
+                "gain": "" if r.gain is None else round(r.gain, 4),
+                "decision": r.decision,
+            }
+            for r in rows
+        ],
+    )
 
 
 def read_doubling(path: Path) -> list[LadderRow]:
     with path.open() as f:
-        return [LadderRow(int(r["batch_size"]), float(r["env_steps_per_s"]) if r["env_steps_per_s"] else None,
-                          float(r["gain"]) if r["gain"] else None, r["decision"]) for r in csv.DictReader(f)]
+        return [
+            LadderRow(
+                int(r["batch_size"]),
+                float(r["env_steps_per_s"]) if r["env_steps_per_s"] else None,
+                float(r["gain"]) if r["gain"] else None,
+                r["decision"],
+            )
+            for r in csv.DictReader(f)
+        ]
 
 
 def read_confirm(path: Path) -> list[dict]:
     """confirm.csv's rows with numbers and booleans parsed (``stopped`` empty in files that predate it)."""
+
     def num(v: str | None) -> float | None:
         return float(v) if v not in ("", None) else None
 
     with path.open() as f:
-        return [{**r, "candidate": int(r["candidate"]), "batch_size": int(r["batch_size"]), "lr": float(r["lr"]),
-                 "seed": int(r["seed"]), "env_steps": num(r["env_steps"]), "wall_s": num(r["wall_s"]),
-                 "usd": num(r["usd"]), "episode_return_mean": num(r["episode_return_mean"]),
-                 "reached": r["reached"] == "True", "stopped": r.get("stopped") or ""} for r in csv.DictReader(f)]
+        return [
+            {
+                **r,
+                "candidate": int(r["candidate"]),
+                "batch_size": int(r["batch_size"]),
+                "lr": float(r["lr"]),
+                "seed": int(r["seed"]),
+                "env_steps": num(r["env_steps"]),
+                "wall_s": num(r["wall_s"]),
+                "usd": num(r["usd"]),
+                "episode_return_mean": num(r["episode_return_mean"]),
+                "reached": r["reached"] == "True",
+                "stopped": r.get("stopped") or "",
+            }
+            for r in csv.DictReader(f)
+        ]
 
 
 def phase_env_steps(history: Path, phase: str) -> int:

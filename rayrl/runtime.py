@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
-from rayrl.security import trust
 from rayrl.errors import SpecError
+from rayrl.security import trust
 from rayrl.storage.files import write_local
 from rayrl.storage.lock import RunLock
 from rayrl.storage.mirror import RunStore, mirror_dir
@@ -67,8 +67,10 @@ def resolve(storage: str, name: str, allow_shared: bool = False) -> RunPaths:
     """
     trust.check_name(name)
     if not name or "/" in name or name in (".", "..") or name.strip() != name or "?" in name:
-        raise SpecError(f"--name: {name!r} is not a valid run name; use letters, digits, '-', '_' or '.' "
-                        "with no '/' or surrounding spaces.")
+        raise SpecError(
+            f"--name: {name!r} is not a valid run name; use letters, digits, '-', '_' or '.' "
+            "with no '/' or surrounding spaces."
+        )
     root = parse(storage)
     run = root.child(name)
     if root.local:  # nothing is followed or created before the trust check
@@ -138,6 +140,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
 def record_posture(paths: RunPaths) -> None:
     """posture.json: the security posture of the Ray this run joined (the report judges it)."""
     from rayrl.security import posture
+
     paths.write_json("posture.json", posture.record(paths.run_dir, paths.storage))
 
 

@@ -10,9 +10,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
 
 import pytest
 
@@ -61,8 +61,12 @@ def head_port_flags() -> list[str]:
     Ray's defaults (job agent 52365, client server 10001, ...) collide with any other Ray on the
     machine; a head whose job agent cannot bind answers "No available agent to submit job" forever.
     """
-    return [f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}"]
+    return [
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--ray-client-server-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+    ]
 
 
 @contextlib.contextmanager
@@ -79,16 +83,31 @@ def ray_head(env: dict, num_cpus: int, tag: str, block: bool = True) -> Iterator
     """
     gcs, dash = free_port(), free_port()
     temp_dir = Path("/tmp") / f"rayrl-{tag}-{os.getpid()}"  # short: Ray's socket paths have a length limit
-    head = subprocess.Popen([RAY, "start", "--head", *(["--block"] if block else []), f"--num-cpus={num_cpus}",
-                             f"--port={gcs}",
-                             f"--dashboard-port={dash}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-                             *head_port_flags(), f"--temp-dir={temp_dir}"], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    head = subprocess.Popen(
+        [
+            RAY,
+            "start",
+            "--head",
+            *(["--block"] if block else []),
+            f"--num-cpus={num_cpus}",
+            f"--port={gcs}",
+            f"--dashboard-port={dash}",
+            "--dashboard-host=127.0.0.1",
+            "--include-dashboard=true",
+            *head_port_flags(),
+            f"--temp-dir={temp_dir}",
+        ],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         if not block:
             head.wait(timeout=300)
-        yield SimpleNamespace(process=head, gcs=f"127.0.0.1:{gcs}", dashboard=f"http://127.0.0.1:{dash}",
-                              temp_dir=temp_dir)
+        yield SimpleNamespace(
+            process=head, gcs=f"127.0.0.1:{gcs}", dashboard=f"http://127.0.0.1:{dash}", temp_dir=temp_dir
+        )
     finally:
         with contextlib.suppress(ProcessLookupError):  # without --block the group may be empty already
             os.killpg(head.pid, signal.SIGKILL)
@@ -99,15 +118,20 @@ def ray_head(env: dict, num_cpus: int, tag: str, block: bool = True) -> Iterator
 def wait_for_jobs_api(dashboard: str, env: dict, what: str, timeout: float = 120) -> None:
     """Until `ray job list` answers at ``dashboard``: the Jobs API comes up after `ray start` returns."""
     deadline = time.monotonic() + timeout
-    while subprocess.run([RAY, "job", "list", "--address", dashboard], env=env, capture_output=True,
-                         timeout=60).returncode != 0:
+    while (
+        subprocess.run(
+            [RAY, "job", "list", "--address", dashboard], env=env, capture_output=True, timeout=60
+        ).returncode
+        != 0
+    ):
         if time.monotonic() > deadline:
             pytest.fail(f"{what}'s Jobs API did not come up within {timeout:.0f} s")
         time.sleep(2)
 
 
-def submit_job(command: list[str], env: dict, timeout: float, cwd: Path | None = None,
-               tries: int = 30) -> subprocess.CompletedProcess:
+def submit_job(
+    command: list[str], env: dict, timeout: float, cwd: Path | None = None, tries: int = 30
+) -> subprocess.CompletedProcess:
     """`ray job submit ...`, retried while the Jobs API answers but the node's job agent is not up yet."""
     for _ in range(tries):
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
@@ -127,11 +151,20 @@ def s3_server() -> Iterator[SimpleNamespace]:
     boto3 = pytest.importorskip("boto3")
     server = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
     port = free_port()
-    proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [server, "-H", "127.0.0.1", "-p", str(port)],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_DISABLED": "true"}
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -142,8 +175,13 @@ def s3_server() -> Iterator[SimpleNamespace]:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     pytest.fail(f"moto_server did not listen on {port} within 60 s")
                 time.sleep(0.2)
-        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                              aws_secret_access_key="testing", region_name="us-east-1")
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
         client.create_bucket(Bucket="rayrl")
         yield SimpleNamespace(endpoint=endpoint, env=env, client=client, bucket="rayrl")
     finally:
@@ -156,8 +194,12 @@ def small_disk(path: Path, size: str) -> Iterator[bool]:
     """A tmpfs of ``size`` mounted at ``path`` (yields True), or nothing when this user may not mount
     (yields False; the caller then injects ENOSPC at the write call site instead)."""
     path.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                             capture_output=True).returncode == 0
+    mounted = (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        == 0
+    )
     try:
         yield mounted
     finally:
@@ -175,4 +217,4 @@ def tune_state_names_a_checkpoint(experiment: Path) -> bool:
 
 def state_names_a_checkpoint(text: str) -> bool:
     """Whether the text of a Tune experiment state records a trial checkpoint (plain or hex-pickled)."""
-    return "checkpoint_00000" in text or "checkpoint_00000".encode().hex() in text
+    return "checkpoint_00000" in text or b"checkpoint_00000".hex() in text

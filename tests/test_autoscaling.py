@@ -26,13 +26,12 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 import yaml
-
 from conftest import RAY, ROOT, free_port, head_port_flags
 from fake_multinode import fake_multinode_config
 
@@ -146,27 +145,51 @@ def fake_cluster() -> Iterator[FakeCluster]:
     ip = get_node_ip_address()
     gcs_port, dash_port = free_port(), free_port()
     launcher = yaml.safe_load((ROOT / "cluster_configs" / "gpu.yaml").read_text())
-    config = fake_multinode_config(launcher, gpu_stand_in=STAND_IN, max_workers_per_type=1,
-                                   idle_timeout_minutes=IDLE_TIMEOUT_MIN, head_cpus=1,
-                                   gcs_address=f"{ip}:{gcs_port}")
+    config = fake_multinode_config(
+        launcher,
+        gpu_stand_in=STAND_IN,
+        max_workers_per_type=1,
+        idle_timeout_minutes=IDLE_TIMEOUT_MIN,
+        head_cpus=1,
+        gcs_address=f"{ip}:{gcs_port}",
+    )
     (temp_dir / "autoscaling.yaml").write_text(json.dumps(config))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0",
-                MARKER: marker})
+    env.update(
+        {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0", MARKER: marker}
+    )
     log = (temp_dir / "head.log").open("w")
     head = subprocess.Popen(
-        [RAY, "start", "--head", "--block", f"--port={gcs_port}", f"--dashboard-port={dash_port}",
-         *head_port_flags(),
-         "--num-cpus=1", "--num-gpus=0", f"--temp-dir={temp_dir}", "--object-store-memory=200000000",
-         f"--autoscaling-config={temp_dir / 'autoscaling.yaml'}", "--disable-usage-stats"],
+        [
+            RAY,
+            "start",
+            "--head",
+            "--block",
+            f"--port={gcs_port}",
+            f"--dashboard-port={dash_port}",
+            *head_port_flags(),
+            "--num-cpus=1",
+            "--num-gpus=0",
+            f"--temp-dir={temp_dir}",
+            "--object-store-memory=200000000",
+            f"--autoscaling-config={temp_dir / 'autoscaling.yaml'}",
+            "--disable-usage-stats",
+        ],
         env={**env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"},
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    fc = FakeCluster(f"{ip}:{gcs_port}", f"http://127.0.0.1:{dash_port}", env, temp_dir, head,
-                     temp_dir / "nodes.jsonl")
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    fc = FakeCluster(f"{ip}:{gcs_port}", f"http://127.0.0.1:{dash_port}", env, temp_dir, head, temp_dir / "nodes.jsonl")
     watcher = None
     try:
-        watcher = subprocess.Popen([sys.executable, "-c", WATCHER, fc.gcs_address, str(fc.nodes_file)], env=env,
-                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        watcher = subprocess.Popen(
+            [sys.executable, "-c", WATCHER, fc.gcs_address, str(fc.nodes_file)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         _wait("the head to accept a driver", lambda: fc.nodes() is not None, 120, head)
         yield fc
     finally:
@@ -185,19 +208,46 @@ def test_sweep_scales_gpu_workers_up_and_idle_workers_down(fake_cluster: FakeClu
     fc = fake_cluster
     assert fc.worker_nodes() == [], "the cluster starts with the head only (min_workers: 0)"
     job_log = tmp_path / "job.log"
-    sweep = [sys.executable, str(ROOT / "experiments" / "sweep.py"), "--smoke", "--name", "autoscale",
-             "--storage", str(tmp_path / "runs"), "--set", "resources.learners=1",
-             "--set", f"resources.custom_per_learner={{{STAND_IN}: 1}}", "--set", "stop.episode_return=30",
-             # one rung, two short trials, no confirmation: this test is about nodes coming and going
-             "--set", "search.doubling.cap=512", "--set", "search.min_batch=512", "--set", "search.num_samples=2",
-             "--set", "search.max_env_steps=2048", "--set", "search.grace_env_steps=1024",
-             "--set", "search.confirm_top_k=0"]
+    sweep = [
+        sys.executable,
+        str(ROOT / "experiments" / "sweep.py"),
+        "--smoke",
+        "--name",
+        "autoscale",
+        "--storage",
+        str(tmp_path / "runs"),
+        "--set",
+        "resources.learners=1",
+        "--set",
+        f"resources.custom_per_learner={{{STAND_IN}: 1}}",
+        "--set",
+        "stop.episode_return=30",
+        # one rung, two short trials, no confirmation: this test is about nodes coming and going
+        "--set",
+        "search.doubling.cap=512",
+        "--set",
+        "search.min_batch=512",
+        "--set",
+        "search.num_samples=2",
+        "--set",
+        "search.max_env_steps=2048",
+        "--set",
+        "search.grace_env_steps=1024",
+        "--set",
+        "search.confirm_top_k=0",
+    ]
     with job_log.open("w") as out:
         # No --working-dir here (a real cluster takes `--working-dir .`): fake nodes share this machine's
         # session folder, and a fake node's runtime-env agent deletes the unpacked working dir when its
         # own workers stop, under the driver's feet. The checkout is installed in this venv anyway.
-        job = subprocess.Popen([RAY, "job", "submit", f"--address={fc.dashboard_url}", "--", *sweep], cwd=ROOT,
-                               env=fc.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        job = subprocess.Popen(
+            [RAY, "job", "submit", f"--address={fc.dashboard_url}", "--", *sweep],
+            cwd=ROOT,
+            env=fc.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         seen: set[str] = set()
 

@@ -16,9 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, subprocess_env
-
 
 
 def load(name: str):
@@ -27,8 +25,14 @@ def load(name: str):
 
 
 def run_quick(script: str, out: Path, *extra: str, timeout: int = 300) -> tuple[dict, str]:
-    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--quick", "--out", str(out), *extra],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{script}", "--quick", "--out", str(out), *extra],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text()), proc.stdout
 
@@ -39,6 +43,7 @@ def positive(*values: float) -> None:
 
 
 # ---- fast: the pure parts -----------------------------------------------------------------------
+
 
 def test_lr_draw_is_log_uniform_one_per_stratum_and_seeded():
     sweep_cost = load("sweep_cost")
@@ -60,12 +65,19 @@ def write_history(path: Path, rows: list[tuple]) -> None:
 def test_consumption_counts_every_trial_until_the_first_at_target(tmp_path):
     sweep_cost = load("sweep_cost")
     history = tmp_path / "history.csv"
-    write_history(history, [
-        ("r1", "ladder", 1, 2048, 20.0), ("r1", "ladder", 2, 4096, 30.0),   # the ladder counts
-        ("a", "search", 1, 1000, 20.0), ("b", "search", 1, 1000, 22.0),
-        ("a", "search", 2, 2000, 200.0), ("b", "search", 2, 2000, 460.0),      # first at target here
-        ("a", "search", 3, 3000, 470.0), ("c", "other", 1, 9999, 500.0),       # after it / other phase
-    ])
+    write_history(
+        history,
+        [
+            ("r1", "ladder", 1, 2048, 20.0),
+            ("r1", "ladder", 2, 4096, 30.0),  # the ladder counts
+            ("a", "search", 1, 1000, 20.0),
+            ("b", "search", 1, 1000, 22.0),
+            ("a", "search", 2, 2000, 200.0),
+            ("b", "search", 2, 2000, 460.0),  # first at target here
+            ("a", "search", 3, 3000, 470.0),
+            ("c", "other", 1, 9999, 500.0),  # after it / other phase
+        ],
+    )
     c = sweep_cost.consumption(history, ("ladder", "search"), 450.0)
     assert c["env_steps_to_target"] == 4096 + 2000 + 2000
     assert c["first_at_target"] == {"trial_id": "b", "iteration": 2, "env_steps": 8096}
@@ -102,15 +114,21 @@ def test_sweep_cost_goal_needs_a_third_of_the_steps_and_an_equal_best_return():
     sweep_cost = load("sweep_cost")
 
     def side(to_target, total, best):
-        return {"env_steps_to_target": to_target, "env_steps_total": total, "best_return": best,
-                "first_at_target": {"env_steps": to_target} if to_target else None,
-                "wall_s_to_target": 10.0, "wall_s_total": 20.0}
+        return {
+            "env_steps_to_target": to_target,
+            "env_steps_total": total,
+            "best_return": best,
+            "first_at_target": {"env_steps": to_target} if to_target else None,
+            "wall_s_to_target": 10.0,
+            "wall_s_total": 20.0,
+        }
 
     met = sweep_cost.figures({"grid": side(900, 1600, 470.0), "rayrl": side(300, 700, 455.0)}, 450.0, 100)
     assert met["goal_met"] and met["env_steps_ratio_to_target"] == pytest.approx(1 / 3)
     assert met["grid_env_steps"] == 900 and met["rayrl_env_steps_total"] == 700
-    assert not sweep_cost.figures({"grid": side(900, 1600, 470.0), "rayrl": side(301, 700, 460.0)},
-                                  450.0, 100)["goal_met"]
+    assert not sweep_cost.figures({"grid": side(900, 1600, 470.0), "rayrl": side(301, 700, 460.0)}, 450.0, 100)[
+        "goal_met"
+    ]
     # Fewer steps but a worse best return is not the goal; a grid that never reached counts in total.
     worse = sweep_cost.figures({"grid": side(None, 1600, 300.0), "rayrl": side(None, 200, 250.0)}, 450.0, 100)
     assert worse["grid_env_steps"] == 1600 and not worse["goal_met"]
@@ -131,20 +149,26 @@ def test_time_to_reward_median_is_a_lower_bound_only_when_a_capped_run_could_mov
 
 def test_sweep_total_charges_the_sweep_to_every_seed_and_goals_need_every_seed_reached():
     ttr = load("time_to_reward")
-    best = [{"wall_s": 10.0, "env_steps": 5000.0, "reached": True}, {"wall_s": 30.0, "env_steps": 9000.0,
-                                                                      "reached": True}]
+    best = [
+        {"wall_s": 10.0, "env_steps": 5000.0, "reached": True},
+        {"wall_s": 30.0, "env_steps": 9000.0, "reached": True},
+    ]
     total = ttr.with_sweep_cost(best, {"wall_s": 600.0, "env_steps_total": 400_000})
     assert [(r["wall_s"], r["env_steps"]) for r in total] == [(610.0, 405_000.0), (630.0, 409_000.0)]
-    s = {"rayrl_default": ttr.summarise([{"wall_s": 50.0, "env_steps": 1.0, "reached": True}]),
-         "sb3_zoo": ttr.summarise([{"wall_s": 18.0, "env_steps": 1.0, "reached": True}]),
-         "rayrl_sweep_best": ttr.summarise(best)}  # median wall 20
+    s = {
+        "rayrl_default": ttr.summarise([{"wall_s": 50.0, "env_steps": 1.0, "reached": True}]),
+        "sb3_zoo": ttr.summarise([{"wall_s": 18.0, "env_steps": 1.0, "reached": True}]),
+        "rayrl_sweep_best": ttr.summarise(best),
+    }  # median wall 20
     g = ttr.goals(s)
     assert g["sweep_best_wall_le_half_default"] == {"met": True, "value": 20.0, "bound": 25.0}
     assert g["sweep_best_wall_le_sb3_zoo"]["met"] is False  # 20 s > 18 s
     best[1]["reached"] = False  # fast but a seed never got there: not met
     assert ttr.goals({**s, "rayrl_sweep_best": ttr.summarise(best)})["sweep_best_wall_le_half_default"]["met"] is False
-    assert ttr.goals({"rayrl_default": s["rayrl_default"]})["sweep_best_wall_le_sb3_zoo"] == \
-        {"met": None, "why": "not measured"}
+    assert ttr.goals({"rayrl_default": s["rayrl_default"]})["sweep_best_wall_le_sb3_zoo"] == {
+        "met": None,
+        "why": "not measured",
+    }
 
 
 def test_time_to_reward_flags_are_checked_before_any_run(tmp_path):
@@ -168,8 +192,9 @@ def test_time_to_reward_flags_are_checked_before_any_run(tmp_path):
 
 def test_read_knee_from_doubling_csv_summary_and_run_folder(tmp_path):
     common = load("common")
-    (tmp_path / "doubling.csv").write_text("batch_size,env_steps_per_s,gain,decision\n2048,5000,,expand\n"
-                                           "4096,7000,0.4,expand\n8192,7500,0.0714,stop\n")
+    (tmp_path / "doubling.csv").write_text(
+        "batch_size,env_steps_per_s,gain,decision\n2048,5000,,expand\n4096,7000,0.4,expand\n8192,7500,0.0714,stop\n"
+    )
     (tmp_path / "summary.json").write_text(json.dumps({"knee_batch_size": 4096}))
     knee, ladder = common.read_knee(tmp_path / "doubling.csv")
     assert knee == 4096 and [r["decision"] for r in ladder] == ["expand", "expand", "stop"]
@@ -186,8 +211,11 @@ def test_table_and_json_helpers():
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
     assert cells[0] == ["a", "b"] and cells[2] == ["x", "1,234"] and cells[3] == ["longer", "-"]
     assert len({len(line) for line in lines}) == 1
-    assert common.jsonable({"x": float("inf"), "p": Path("/a"), "l": [1.0, float("nan")]}) == \
-        {"x": None, "p": "/a", "l": [1.0, None]}
+    assert common.jsonable({"x": float("inf"), "p": Path("/a"), "l": [1.0, float("nan")]}) == {
+        "x": None,
+        "p": "/a",
+        "l": [1.0, None],
+    }
     assert common.median([3.0, float("nan"), 1.0, 2.0]) == 2.0 and math.isnan(common.median([]))
 
 
@@ -201,8 +229,15 @@ MIN_FAST_OVER_RLLIB, MIN_FAST_OVER_LIMIT, MIN_E2E_OVER_RLLIB = 1.5, 0.5, 1.15
 @pytest.mark.slow
 def test_throughput_quick_fast_path_beats_rllib_at_equal_settings(tmp_path):
     report, printed = run_quick("throughput", tmp_path / "t.json", "--skip", "rllib_tuned_example", "sb3_zoo")
-    positive(report["limit_sps"], report["limit_best_sps"], report["rllib_runner_sps"], report["fast_runner_sps"],
-             report["rllib_same_settings_sps"], report["rayrl_sps"], report["rayrl_fast_sps"])
+    positive(
+        report["limit_sps"],
+        report["limit_best_sps"],
+        report["rllib_runner_sps"],
+        report["fast_runner_sps"],
+        report["rllib_same_settings_sps"],
+        report["rayrl_sps"],
+        report["rayrl_fast_sps"],
+    )
     assert report["limit_envs"] == 8 and report["limit_best_sps"] >= report["limit_sps"]
     # Sampling alone, same config, weights and env, in one process: measured, not recomputed.
     assert report["fast_over_rllib_runner"] >= MIN_FAST_OVER_RLLIB, report["fast_over_rllib_runner"]
@@ -253,15 +288,25 @@ def test_time_to_reward_quick_on_hopper_runs_the_hopper_peers(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("RAYRL_BENCH_TESTS") != "1",
-                    reason="three sweeps, about 9 minutes on 2 cores (over its own 500 s timeout in this round's "
-                           "suite run): set RAYRL_BENCH_TESTS=1 to include it")
+@pytest.mark.skipif(
+    os.environ.get("RAYRL_BENCH_TESTS") != "1",
+    reason="three sweeps, about 9 minutes on 2 cores (over its own 500 s timeout in this round's "
+    "suite run): set RAYRL_BENCH_TESTS=1 to include it",
+)
 def test_sweep_cost_quick(tmp_path):
-    report, printed = run_quick("sweep_cost", tmp_path / "sc.json", "--storage", str(tmp_path / "runs"),
-                                "--reps", "1", timeout=500)
+    report, printed = run_quick(
+        "sweep_cost", tmp_path / "sc.json", "--storage", str(tmp_path / "runs"), "--reps", "1", timeout=500
+    )
     (rep,) = report["reps"]
-    positive(rep["grid_env_steps"], rep["grid4_env_steps"], rep["rayrl_env_steps"], rep["grid_env_steps_total"],
-             rep["grid4_env_steps_total"], rep["rayrl_env_steps_total"], rep["rayrl_wall_s_total"])
+    positive(
+        rep["grid_env_steps"],
+        rep["grid4_env_steps"],
+        rep["rayrl_env_steps"],
+        rep["grid_env_steps_total"],
+        rep["grid4_env_steps_total"],
+        rep["rayrl_env_steps_total"],
+        rep["rayrl_wall_s_total"],
+    )
     for side in ("grid", "grid4", "rayrl"):
         assert math.isfinite(rep[f"{side}_best_return"]) and rep[f"{side}_best_return"] > 0
         assert rep[f"{side}_env_steps"] <= rep[f"{side}_env_steps_total"]
@@ -289,10 +334,25 @@ def test_sweep_cost_quick(tmp_path):
     assert summary["env_steps_confirm"] > 0
     assert "goal 2: rayrl env steps total" in printed
     # --report-only reads the same run folders back (no Ray, nothing rerun): the same figures.
-    again, _ = run_quick("sweep_cost", tmp_path / "again.json", "--storage", str(tmp_path / "runs"),
-                         "--reps", "1", "--report-only", timeout=120)
-    for key in ("grid4_env_steps_to_target", "grid16_env_steps_to_target", "grid16_env_steps_total",
-                "rayrl_env_steps_to_target", "rayrl_env_steps_total", "grid_best_return", "rayrl_best_return"):
+    again, _ = run_quick(
+        "sweep_cost",
+        tmp_path / "again.json",
+        "--storage",
+        str(tmp_path / "runs"),
+        "--reps",
+        "1",
+        "--report-only",
+        timeout=120,
+    )
+    for key in (
+        "grid4_env_steps_to_target",
+        "grid16_env_steps_to_target",
+        "grid16_env_steps_total",
+        "rayrl_env_steps_to_target",
+        "rayrl_env_steps_total",
+        "grid_best_return",
+        "rayrl_best_return",
+    ):
         assert again[key] == pytest.approx(report[key]), key
 
 
@@ -300,8 +360,14 @@ def test_sweep_cost_quick(tmp_path):
 def test_profile_iteration_quick(tmp_path):
     report, printed = run_quick("profile_iteration", tmp_path / "p.json")
     ph = report["driver"]["phases_s"]
-    positive(report["iteration_wall_s"], ph["train_total"], ph["sampling"], ph["learner_update"],
-             ph["rayrl_learner_minibatches"], report["tune"]["trial_wall_per_iter_s"])
+    positive(
+        report["iteration_wall_s"],
+        ph["train_total"],
+        ph["sampling"],
+        ph["learner_update"],
+        ph["rayrl_learner_minibatches"],
+        report["tune"]["trial_wall_per_iter_s"],
+    )
     # The phases are parts of one train() call: they cannot add up to more than it.
     assert ph["sampling"] + ph["learner_update"] + ph["weight_sync"] <= ph["training_step"] * 1.001
     assert ph["training_step"] <= ph["train_total"] * 1.001
@@ -316,14 +382,34 @@ def test_workloads_summary_skips_the_first_iteration_and_handles_missing_returns
     wl = load("workloads")
     nan = float("nan")
     rows = [
-        {"env_steps": 1000, "time_total_s": 5.0, "env_steps_per_s": 100.0, "episode_return_mean": nan,
-         "eval_return_mean": nan},
-        {"env_steps": 3000, "time_total_s": 6.0, "env_steps_per_s": 2000.0, "episode_return_mean": 10.0,
-         "eval_return_mean": nan},
-        {"env_steps": 5000, "time_total_s": 7.0, "env_steps_per_s": 3000.0, "episode_return_mean": 8.0,
-         "eval_return_mean": 40.0},
-        {"env_steps": 7000, "time_total_s": 8.0, "env_steps_per_s": 2500.0, "episode_return_mean": nan,
-         "eval_return_mean": 30.0},
+        {
+            "env_steps": 1000,
+            "time_total_s": 5.0,
+            "env_steps_per_s": 100.0,
+            "episode_return_mean": nan,
+            "eval_return_mean": nan,
+        },
+        {
+            "env_steps": 3000,
+            "time_total_s": 6.0,
+            "env_steps_per_s": 2000.0,
+            "episode_return_mean": 10.0,
+            "eval_return_mean": nan,
+        },
+        {
+            "env_steps": 5000,
+            "time_total_s": 7.0,
+            "env_steps_per_s": 3000.0,
+            "episode_return_mean": 8.0,
+            "eval_return_mean": 40.0,
+        },
+        {
+            "env_steps": 7000,
+            "time_total_s": 8.0,
+            "env_steps_per_s": 2500.0,
+            "episode_return_mean": nan,
+            "eval_return_mean": 30.0,
+        },
     ]
     out = wl.summarize(rows)
     assert out["env_steps_per_s"] == 2500.0  # median of 2000, 3000, 2500: the start-up 100 left out
@@ -365,8 +451,13 @@ def test_time_to_reward_defaults_follow_the_env_and_cartpole_is_unchanged():
     assert ttr.env_defaults("Pendulum-v1", quick=False) == (None, 1_000_000, 300.0)
     # Through the flags: CartPole's full run as before; Hopper's from its config; flags still win.
     args = ttr.parse([])
-    assert (args.env_id, args.target, args.max_env_steps, args.max_wall_s, args.seeds) == \
-        ("CartPole-v1", 450.0, 500_000, 200.0, 3)
+    assert (args.env_id, args.target, args.max_env_steps, args.max_wall_s, args.seeds) == (
+        "CartPole-v1",
+        450.0,
+        500_000,
+        200.0,
+        3,
+    )
     assert args.left_out == {}
     args = ttr.parse(["--config", str(HOPPER)])
     assert args.env_id == "Hopper-v5" and args.contenders == ["sb3_zoo", "rllib_same_settings", "rayrl_default"]
@@ -378,8 +469,10 @@ def test_time_to_reward_defaults_follow_the_env_and_cartpole_is_unchanged():
 
 def test_time_to_reward_refuses_env_specific_contenders_on_other_envs(capsys):
     ttr = load("time_to_reward")
-    for argv in (["--config", str(HOPPER), "--contenders", "rllib_tuned_example", "rayrl_default"],
-                 ["--set", "env.id=Pendulum-v1", "--target", "-200", "--contenders", "sb3_zoo"]):
+    for argv in (
+        ["--config", str(HOPPER), "--contenders", "rllib_tuned_example", "rayrl_default"],
+        ["--set", "env.id=Pendulum-v1", "--target", "-200", "--contenders", "sb3_zoo"],
+    ):
         with pytest.raises(SystemExit):
             ttr.parse(argv)
         err = capsys.readouterr().err
@@ -413,10 +506,27 @@ def test_rllib_same_settings_reproduces_the_hopper_spec():
     spec = common.load_spec(HOPPER)
     config = contenders.rllib_same_settings(spec, seed=7)
     a = spec.algo
-    assert (config.lr, config.gamma, config.lambda_, config.train_batch_size_per_learner, config.minibatch_size,
-            config.num_epochs, config.entropy_coeff, config.vf_loss_coeff, config.grad_clip) == \
-        (a.lr, a.gamma, a.gae_lambda, a.train_batch_per_learner, a.minibatch_size, a.epochs, a.entropy_coeff,
-         a.vf_loss_coeff, a.grad_clip)
+    assert (
+        config.lr,
+        config.gamma,
+        config.lambda_,
+        config.train_batch_size_per_learner,
+        config.minibatch_size,
+        config.num_epochs,
+        config.entropy_coeff,
+        config.vf_loss_coeff,
+        config.grad_clip,
+    ) == (
+        a.lr,
+        a.gamma,
+        a.gae_lambda,
+        a.train_batch_per_learner,
+        a.minibatch_size,
+        a.epochs,
+        a.entropy_coeff,
+        a.vf_loss_coeff,
+        a.grad_clip,
+    )
     assert config.env == "Hopper-v5" and config.seed == 7
     assert (config.num_env_runners, config.num_envs_per_env_runner) == (1, 4)
     m = config.model_config
@@ -435,16 +545,23 @@ def test_rllib_same_settings_reproduces_the_hopper_spec():
 
 # ---- throughput per env: peers, the bare loop's vector mode, the fast-path report (fast: no training) ---
 
+
 def test_throughput_peers_follow_the_env_and_cartpole_is_unchanged():
     tp = load("throughput")
     assert tp.end_to_end_peers("CartPole-v1") == (list(tp.END_TO_END), {})
-    assert tp.end_to_end_peers("CartPole-v1", ["sb3_zoo"])[0] == \
-        ["rllib_same_settings", "rllib_tuned_example", "rayrl", "rayrl_fast"]
+    assert tp.end_to_end_peers("CartPole-v1", ["sb3_zoo"])[0] == [
+        "rllib_same_settings",
+        "rllib_tuned_example",
+        "rayrl",
+        "rayrl_fast",
+    ]
     for hopper in ("Hopper-v5", "Hopper-v4"):
         peers, left_out = tp.end_to_end_peers(hopper)
         assert peers == ["rllib_same_settings", "sb3_zoo", "rayrl", "rayrl_fast"]
-        assert set(left_out) == {"rllib_tuned_example"} and "no tuned PPO example for " + hopper in \
-            left_out["rllib_tuned_example"]
+        assert (
+            set(left_out) == {"rllib_tuned_example"}
+            and "no tuned PPO example for " + hopper in left_out["rllib_tuned_example"]
+        )
     peers, left_out = tp.end_to_end_peers("Pendulum-v1", ["rayrl"])
     assert peers == ["rllib_same_settings", "rayrl_fast"] and set(left_out) == {"sb3_zoo", "rllib_tuned_example"}
 
@@ -457,8 +574,11 @@ def test_throughput_bare_loop_falls_back_to_sync_where_the_env_has_no_vector_ent
     assert tp.vector_mode("Hopper-v5") == "sync" and tp.vector_mode("not-an-env-v0") == "sync"
     # The same decision as the env the fast runner steps (its numpy env, or RLlib's SyncVectorEnv).
     assert backends.gymnasium_vector("Hopper-v5", 2, {}) is None
-    assert tp.sampling_modes("Hopper-v5") == {"rllib_runner": "sync", "rllib_runner_sync": "sync",
-                                              "fast_runner": "sync"}
+    assert tp.sampling_modes("Hopper-v5") == {
+        "rllib_runner": "sync",
+        "rllib_runner_sync": "sync",
+        "fast_runner": "sync",
+    }
     assert tp.sampling_modes("CartPole-v1")["rllib_runner"] == "vector_entry_point"
 
 
@@ -490,8 +610,10 @@ def test_throughput_reports_whether_the_fast_path_was_active():
     tp.check_sampled("rayrl", [])
     with pytest.raises(RuntimeError, match="rayrl_fast: 0 env steps in 2 timed iterations"):
         tp.check_sampled("rayrl_fast", [0.0, 0.0])
-    assert tp.error_text(RuntimeError("ray said\n  trace\nRuntimeError: mat1 and mat2")) == \
-        "RuntimeError: RuntimeError: mat1 and mat2"
+    assert (
+        tp.error_text(RuntimeError("ray said\n  trace\nRuntimeError: mat1 and mat2"))
+        == "RuntimeError: RuntimeError: mat1 and mat2"
+    )
 
 
 def test_throughput_rounds_record_a_failing_contender_and_go_on():
@@ -514,7 +636,10 @@ def test_throughput_rounds_record_a_failing_contender_and_go_on():
 
 def test_throughput_goals_follow_the_env_end_to_end_13x_on_mujoco():
     tp = load("throughput")
-    assert tp.goals_for("CartPole-v1") == {"fast_over_rllib_runner": 2.0, "fast_over_limit": 0.70,
-                                           "rayrl_fast_over_rllib_same_settings": 1.6}
+    assert tp.goals_for("CartPole-v1") == {
+        "fast_over_rllib_runner": 2.0,
+        "fast_over_limit": 0.70,
+        "rayrl_fast_over_rllib_same_settings": 1.6,
+    }
     hop = tp.goals_for("Hopper-v5")
     assert hop["rayrl_fast_over_rllib_same_settings"] == 1.3 and hop["fast_over_rllib_runner"] == 2.0

@@ -14,7 +14,8 @@ import pytest
 
 from rayrl.faults.preemption import over_budget
 from rayrl.faults.watchdog import silent_too_long
-from rayrl.storage import checkpoints as ck, manifest, upload
+from rayrl.storage import checkpoints as ck
+from rayrl.storage import manifest, upload
 
 
 def make_checkpoint(folder: Path, iteration: int, size: int = 3000) -> Path:
@@ -79,8 +80,9 @@ def _storage_round_trip(fs: pafs.FileSystem, trial: str, tmp_path: Path) -> None
     shutil.rmtree(tmp_path / "tier1")
     choice = ck.choose(fs, f"{trial}/checkpoint_000003", settings)
     assert choice.path.name == "checkpoint_000002" and choice.meta["training_iteration"] == 2
-    assert choice.rejected == [("checkpoint_000003", "storage copy: learner/module/weights.pt: sha256 differs "
-                                "from the manifest")]
+    assert choice.rejected == [
+        ("checkpoint_000003", "storage copy: learner/module/weights.pt: sha256 differs from the manifest")
+    ]
     assert manifest.problems(choice.path) == []
     event = ck.record_fallback(fs, trial, f"{trial}/checkpoint_000003", choice)
     assert event["restored"] == "checkpoint_000002" and event["restored_iteration"] == 2
@@ -103,16 +105,21 @@ def test_upload_and_restore_against_a_local_path_storage(tmp_path):
 @pytest.fixture()
 def s3(tmp_path):
     """A moto S3 server on 127.0.0.1 and a pyarrow S3FileSystem on it, with a bucket."""
-    from moto.server import ThreadedMotoServer
-
     from conftest import free_port
+    from moto.server import ThreadedMotoServer
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", access_key="test",
-                           secret_key="test", region="us-east-1", allow_bucket_creation=True,
-                           retry_strategy=pafs.AwsStandardS3RetryStrategy(1))
+    fs = pafs.S3FileSystem(
+        endpoint_override=f"127.0.0.1:{port}",
+        scheme="http",
+        access_key="test",
+        secret_key="test",
+        region="us-east-1",
+        allow_bucket_creation=True,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(1),
+    )
     fs.create_dir("bucket")
     yield fs
     server.stop()
@@ -135,8 +142,9 @@ def test_nothing_intact_is_a_clear_error(tmp_path):
     trial = str(tmp_path / "storage" / "PPO_1")
     local = _save(settings, trial, 1)
     flip_byte(local / "algorithm_state.pkl")
-    with pytest.raises(RuntimeError, match="no intact checkpoint .* checkpoint_000001: local copy: "
-                       "algorithm_state.pkl: sha256 differs"):
+    with pytest.raises(
+        RuntimeError, match="no intact checkpoint .* checkpoint_000001: local copy: algorithm_state.pkl: sha256 differs"
+    ):
         ck.choose(pafs.LocalFileSystem(), f"{trial}/checkpoint_000001", settings)
 
 

@@ -12,24 +12,28 @@ import importlib.metadata
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import ray
 import yaml
+from fake_multinode import fake_multinode_config
 
 from rayrl.cluster import cli as cluster
 from rayrl.cluster.common import image_ray_version
-from fake_multinode import fake_multinode_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "cluster_configs"
 SHIPPED = sorted(CONFIGS.rglob("*.yaml"))
 LAUNCHER = ["gpu.yaml", "gcp-gpu.yaml", "local.yaml"]
 # GPU HBM (GB) and network bandwidth (Gbps) of the AWS instance types gpu.yaml may use for learners.
-AWS_GPU_SPECS = {"p4de.24xlarge": (80, 400), "p5.48xlarge": (80, 3200), "p5e.48xlarge": (141, 3200),
-                 "p5en.48xlarge": (141, 3200)}
+AWS_GPU_SPECS = {
+    "p4de.24xlarge": (80, 400),
+    "p5.48xlarge": (80, 3200),
+    "p5e.48xlarge": (141, 3200),
+    "p5en.48xlarge": (141, 3200),
+}
 
 
 def load(name: str) -> dict:
@@ -43,8 +47,9 @@ def write(tmp_path: Path, data: object, name: str = "variant.yaml") -> Path:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rayrl.cli", "cluster", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", "cluster", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,8 +58,14 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_all_expected_files_are_shipped() -> None:
     names = {p.relative_to(CONFIGS).as_posix() for p in SHIPPED}
-    assert {"gpu.yaml", "gcp-gpu.yaml", "local.yaml", "kuberay/raycluster.yaml", "kuberay/rayjob.yaml",
-            "kuberay/volcano-queue.yaml"} <= names
+    assert {
+        "gpu.yaml",
+        "gcp-gpu.yaml",
+        "local.yaml",
+        "kuberay/raycluster.yaml",
+        "kuberay/rayjob.yaml",
+        "kuberay/volcano-queue.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.relative_to(CONFIGS).as_posix())
@@ -70,7 +81,9 @@ def test_gpu_yaml_learner_workers_have_80gb_and_200gbps_and_a_spot_type() -> Non
         hbm, gbps = AWS_GPU_SPECS[node["node_config"]["InstanceType"]]
         assert hbm >= 80 and gbps >= 200, name
         assert node["min_workers"] <= node["max_workers"]
-    spot = [n for n, t in workers.items() if t["node_config"].get("InstanceMarketOptions", {}).get("MarketType") == "spot"]
+    spot = [
+        n for n, t in workers.items() if t["node_config"].get("InstanceMarketOptions", {}).get("MarketType") == "spot"
+    ]
     assert spot, "gpu.yaml needs a spot worker type"
     head = c["available_node_types"][c["head_node_type"]]
     assert head["resources"]["GPU"] > 0, "gpu.yaml's head is a GPU node type"
@@ -78,8 +91,9 @@ def test_gpu_yaml_learner_workers_have_80gb_and_200gbps_and_a_spot_type() -> Non
 
 def test_gcp_yaml_has_preemptible_gpu_workers() -> None:
     c = load("gcp-gpu.yaml")
-    preemptible = [t for t in c["available_node_types"].values()
-                   if (t["node_config"].get("scheduling") or {}).get("preemptible")]
+    preemptible = [
+        t for t in c["available_node_types"].values() if (t["node_config"].get("scheduling") or {}).get("preemptible")
+    ]
     assert preemptible and all(t["node_config"]["guestAccelerators"][0]["acceleratorCount"] > 0 for t in preemptible)
 
 
@@ -95,8 +109,11 @@ def test_launcher_images_pin_installed_ray_and_start_with_token_auth(name: str) 
 
 
 def test_kuberay_files_use_volcano_queue_and_run_the_sweep() -> None:
-    docs = {d["kind"]: d for f in ("raycluster.yaml", "rayjob.yaml", "volcano-queue.yaml")
-            for d in yaml.safe_load_all((CONFIGS / "kuberay" / f).read_text())}
+    docs = {
+        d["kind"]: d
+        for f in ("raycluster.yaml", "rayjob.yaml", "volcano-queue.yaml")
+        for d in yaml.safe_load_all((CONFIGS / "kuberay" / f).read_text())
+    }
     queue = docs["Queue"]["metadata"]["name"]
     for kind in ("RayCluster", "RayJob"):
         assert docs[kind]["metadata"]["labels"]["volcano.sh/queue-name"] == queue
@@ -108,9 +125,15 @@ def test_docs_commands_match_the_files() -> None:
     text = (ROOT / "docs" / "cluster.md").read_text()
     for path in set(re.findall(r"cluster_configs/[\w./-]+", text)):
         assert (ROOT / path.rstrip(".")).exists(), path
-    for cmd in ("ray up cluster_configs/gpu.yaml", "ray dashboard cluster_configs/gpu.yaml",
-                "ray down cluster_configs/gpu.yaml", "ray job submit --working-dir . -- python experiments/sweep.py",
-                "pip wheel --no-deps -w dist .", "--batch-scheduler=volcano", "RAY_USE_TLS=1"):
+    for cmd in (
+        "ray up cluster_configs/gpu.yaml",
+        "ray dashboard cluster_configs/gpu.yaml",
+        "ray down cluster_configs/gpu.yaml",
+        "ray job submit --working-dir . -- python experiments/sweep.py",
+        "pip wheel --no-deps -w dist .",
+        "--batch-scheduler=volcano",
+        "RAY_USE_TLS=1",
+    ):
         assert cmd in text, cmd
     gpu = load("gpu.yaml")
     assert f"--group-name {gpu['provider']['security_group']['GroupName']} " in text
@@ -136,6 +159,7 @@ def test_docs_commands_match_the_files() -> None:
 def _set_start(key: str, old: str, new: str) -> Callable[[dict], None]:
     def mutate(c: dict) -> None:
         c[key] = [cmd.replace(old, new) for cmd in c[key]]
+
     return mutate
 
 
@@ -146,66 +170,156 @@ def _node(name: str, key: str, value: object) -> Callable[[dict], None]:
 LAUNCHER_VARIANTS = [
     # (id, file, mutation, key that must be named)
     ("setup_commands-missing", "gpu.yaml", lambda c: c.pop("setup_commands"), "setup_commands"),
-    ("setup_commands-misspelt", "gpu.yaml", lambda c: c.__setitem__("setup_command", c.pop("setup_commands")),
-     "setup_command"),
+    (
+        "setup_commands-misspelt",
+        "gpu.yaml",
+        lambda c: c.__setitem__("setup_command", c.pop("setup_commands")),
+        "setup_command",
+    ),
     ("idle_timeout-missing", "gpu.yaml", lambda c: c.pop("idle_timeout_minutes"), "idle_timeout_minutes"),
-    ("node-max_workers-missing", "gpu.yaml", lambda c: c["available_node_types"]["gpu.p5"].pop("max_workers"),
-     "available_node_types.gpu.p5.max_workers"),
-    ("image-other-ray", "gpu.yaml", lambda c: c["docker"].__setitem__("image", "rayproject/ray:2.59.0-py311-gpu"),
-     "docker.image"),
-    ("image-unpinned", "gpu.yaml", lambda c: c["docker"].__setitem__("image", "rayproject/ray:latest-gpu"),
-     "docker.image"),
-    ("learner-without-gpu", "gpu.yaml", lambda c: (
-        c["available_node_types"]["gpu.p4de"]["node_config"].__setitem__("InstanceType", "m5.24xlarge"),
-        c["available_node_types"]["gpu.p4de"]["resources"].pop("GPU")), "available_node_types.gpu.p4de"),
-    ("learner-gpu-zero", "gpu.yaml", lambda c: c["available_node_types"]["gpu.p5"]["resources"].__setitem__("GPU", 0),
-     "available_node_types.gpu.p5.resources.GPU"),
-    ("no-learner-label", "gpu.yaml", lambda c: [t.pop("labels") for t in c["available_node_types"].values()],
-     "available_node_types"),
+    (
+        "node-max_workers-missing",
+        "gpu.yaml",
+        lambda c: c["available_node_types"]["gpu.p5"].pop("max_workers"),
+        "available_node_types.gpu.p5.max_workers",
+    ),
+    (
+        "image-other-ray",
+        "gpu.yaml",
+        lambda c: c["docker"].__setitem__("image", "rayproject/ray:2.59.0-py311-gpu"),
+        "docker.image",
+    ),
+    (
+        "image-unpinned",
+        "gpu.yaml",
+        lambda c: c["docker"].__setitem__("image", "rayproject/ray:latest-gpu"),
+        "docker.image",
+    ),
+    (
+        "learner-without-gpu",
+        "gpu.yaml",
+        lambda c: (
+            c["available_node_types"]["gpu.p4de"]["node_config"].__setitem__("InstanceType", "m5.24xlarge"),
+            c["available_node_types"]["gpu.p4de"]["resources"].pop("GPU"),
+        ),
+        "available_node_types.gpu.p4de",
+    ),
+    (
+        "learner-gpu-zero",
+        "gpu.yaml",
+        lambda c: c["available_node_types"]["gpu.p5"]["resources"].__setitem__("GPU", 0),
+        "available_node_types.gpu.p5.resources.GPU",
+    ),
+    (
+        "no-learner-label",
+        "gpu.yaml",
+        lambda c: [t.pop("labels") for t in c["available_node_types"].values()],
+        "available_node_types",
+    ),
     ("min-above-max", "gpu.yaml", _node("gpu.p4de", "min_workers", 5), "available_node_types.gpu.p4de.min_workers"),
-    ("head-no-token-auth", "gpu.yaml", _set_start("head_start_ray_commands", "export RAY_AUTH_MODE=token ", "export "),
-     "head_start_ray_commands"),
-    ("worker-no-token-auth", "gpu.yaml",
-     _set_start("worker_start_ray_commands", "export RAY_AUTH_MODE=token ", "export "), "worker_start_ray_commands"),
-    ("token-inline", "gpu.yaml", _set_start("worker_start_ray_commands", "RAY_AUTH_TOKEN_PATH=$HOME/.ray/auth_token",
-                                            "RAY_AUTH_TOKEN=0123456789abcdef"), "RAY_AUTH_TOKEN"),
+    (
+        "head-no-token-auth",
+        "gpu.yaml",
+        _set_start("head_start_ray_commands", "export RAY_AUTH_MODE=token ", "export "),
+        "head_start_ray_commands",
+    ),
+    (
+        "worker-no-token-auth",
+        "gpu.yaml",
+        _set_start("worker_start_ray_commands", "export RAY_AUTH_MODE=token ", "export "),
+        "worker_start_ray_commands",
+    ),
+    (
+        "token-inline",
+        "gpu.yaml",
+        _set_start(
+            "worker_start_ray_commands", "RAY_AUTH_TOKEN_PATH=$HOME/.ray/auth_token", "RAY_AUTH_TOKEN=0123456789abcdef"
+        ),
+        "RAY_AUTH_TOKEN",
+    ),
     ("token-not-mounted", "gpu.yaml", lambda c: c["file_mounts"].pop("~/.ray/auth_token"), "file_mounts"),
-    ("dashboard-public", "gpu.yaml", _set_start("head_start_ray_commands", "127.0.0.1", "0.0.0.0"),
-     "head_start_ray_commands"),
-    ("metrics-port-missing", "gpu.yaml", _set_start("worker_start_ray_commands", " --metrics-export-port=8080", ""),
-     "worker_start_ray_commands"),
-    ("security-group-unnamed", "gpu.yaml", lambda c: c["provider"].pop("security_group"),
-     "provider.security_group.GroupName"),
-    ("ssh-open-to-world", "gpu.yaml", lambda c: c["provider"]["security_group"].__setitem__("IpPermissions", [
-        {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]),
-     "provider.security_group.IpPermissions"),
+    (
+        "dashboard-public",
+        "gpu.yaml",
+        _set_start("head_start_ray_commands", "127.0.0.1", "0.0.0.0"),
+        "head_start_ray_commands",
+    ),
+    (
+        "metrics-port-missing",
+        "gpu.yaml",
+        _set_start("worker_start_ray_commands", " --metrics-export-port=8080", ""),
+        "worker_start_ray_commands",
+    ),
+    (
+        "security-group-unnamed",
+        "gpu.yaml",
+        lambda c: c["provider"].pop("security_group"),
+        "provider.security_group.GroupName",
+    ),
+    (
+        "ssh-open-to-world",
+        "gpu.yaml",
+        lambda c: c["provider"]["security_group"].__setitem__(
+            "IpPermissions",
+            [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}],
+        ),
+        "provider.security_group.IpPermissions",
+    ),
     ("rayrl-not-installed", "gpu.yaml", lambda c: c.__setitem__("setup_commands", []), "setup_commands"),
-    ("schema-negative-gpu", "gpu.yaml", lambda c: c["available_node_types"]["gpu.p5"]["resources"].__setitem__(
-        "GPU", -1), "available_node_types.gpu.p5.resources.GPU"),
+    (
+        "schema-negative-gpu",
+        "gpu.yaml",
+        lambda c: c["available_node_types"]["gpu.p5"]["resources"].__setitem__("GPU", -1),
+        "available_node_types.gpu.p5.resources.GPU",
+    ),
     ("schema-unknown-node-key", "gpu.yaml", _node("gpu.p5", "min_worker", 1), "available_node_types.gpu.p5"),
     ("provider-missing", "gpu.yaml", lambda c: c.pop("provider"), "provider"),
-    ("resources-not-a-mapping", "gpu.yaml", _node("gpu.p5", "resources", "eight GPUs"),
-     "available_node_types.gpu.p5.resources"),
+    (
+        "resources-not-a-mapping",
+        "gpu.yaml",
+        _node("gpu.p5", "resources", "eight GPUs"),
+        "available_node_types.gpu.p5.resources",
+    ),
     ("labels-not-a-mapping", "gpu.yaml", _node("gpu.p5", "labels", ["learner"]), "available_node_types.gpu.p5.labels"),
     ("provider-unknown", "gpu.yaml", lambda c: c["provider"].__setitem__("type", "awz"), "provider.type"),
-    ("gcp-gpu-undeclared", "gcp-gpu.yaml", lambda c: c["available_node_types"]["gpu.a3"]["resources"].pop("GPU"),
-     "available_node_types.gpu.a3.resources"),
-    ("gcp-no-accelerators", "gcp-gpu.yaml", lambda c: (
-        c["available_node_types"]["gpu.a3"]["node_config"].__setitem__("machineType", "n2-standard-64"),
-        c["available_node_types"]["gpu.a3"]["node_config"].pop("guestAccelerators")), "available_node_types.gpu.a3"),
+    (
+        "gcp-gpu-undeclared",
+        "gcp-gpu.yaml",
+        lambda c: c["available_node_types"]["gpu.a3"]["resources"].pop("GPU"),
+        "available_node_types.gpu.a3.resources",
+    ),
+    (
+        "gcp-no-accelerators",
+        "gcp-gpu.yaml",
+        lambda c: (
+            c["available_node_types"]["gpu.a3"]["node_config"].__setitem__("machineType", "n2-standard-64"),
+            c["available_node_types"]["gpu.a3"]["node_config"].pop("guestAccelerators"),
+        ),
+        "available_node_types.gpu.a3",
+    ),
     ("local-min-above-max", "local.yaml", lambda c: c.__setitem__("min_workers", 3), "min_workers"),
-    ("local-gpus-hidden", "local.yaml", _set_start("worker_start_ray_commands", "ray start", "ray start --num-gpus=0"),
-     "worker_start_ray_commands"),
-    ("local-node-types-written", "local.yaml", lambda c: c.__setitem__(
-        "available_node_types", {"w": {"resources": {}, "node_config": {}}}), "available_node_types"),
+    (
+        "local-gpus-hidden",
+        "local.yaml",
+        _set_start("worker_start_ray_commands", "ray start", "ray start --num-gpus=0"),
+        "worker_start_ray_commands",
+    ),
+    (
+        "local-node-types-written",
+        "local.yaml",
+        lambda c: c.__setitem__("available_node_types", {"w": {"resources": {}, "node_config": {}}}),
+        "available_node_types",
+    ),
     ("local-setup-missing", "local.yaml", lambda c: c.pop("worker_setup_commands"), "worker_setup_commands"),
 ]
 
 
 @pytest.mark.parametrize("file, mutate, key", [v[1:] for v in LAUNCHER_VARIANTS], ids=[v[0] for v in LAUNCHER_VARIANTS])
-def test_broken_launcher_variant_is_rejected_naming_the_key(tmp_path: Path, file: str, mutate: Callable, key: str) -> None:
+def test_broken_launcher_variant_is_rejected_naming_the_key(
+    tmp_path: Path, file: str, mutate: Callable, key: str
+) -> None:
     data = load(file)
-    assert cluster.validate_file(write(tmp_path, data)) == []      # the unmutated copy is fine
+    assert cluster.validate_file(write(tmp_path, data)) == []  # the unmutated copy is fine
     mutate(data)
     problems = cluster.validate_file(write(tmp_path, data))
     assert problems, "the broken variant passed validation"
@@ -224,39 +338,79 @@ def _cluster_spec(docs: list[dict]) -> dict:
 
 def _gpu_container(docs: list[dict]) -> dict:
     spec = _cluster_spec(docs)
-    return next(g for g in spec["workerGroupSpecs"] if g["groupName"] == "gpu-80gb")["template"]["spec"]["containers"][0]
+    return next(g for g in spec["workerGroupSpecs"] if g["groupName"] == "gpu-80gb")["template"]["spec"]["containers"][
+        0
+    ]
 
 
 KUBE_VARIANTS = [
-    ("rayVersion-other", "raycluster.yaml", lambda d: _cluster_spec(d).__setitem__("rayVersion", "2.59.0"),
-     "spec.rayVersion"),
-    ("rayjob-rayVersion-missing", "rayjob.yaml", lambda d: _cluster_spec(d).pop("rayVersion"),
-     "spec.rayClusterSpec.rayVersion"),
-    ("image-other-ray", "raycluster.yaml", lambda d: _gpu_container(d).__setitem__("image", "rayproject/ray:2.50.0-gpu"),
-     "spec.workerGroupSpecs[1].template.spec.containers[0].image"),
-    ("no-gpu-limits", "raycluster.yaml", lambda d: [c["resources"][k].pop("nvidia.com/gpu")
-                                                    for c in [_gpu_container(d)] for k in ("limits", "requests")],
-     "spec.workerGroupSpecs"),
-    ("gpu-request-without-limit", "rayjob.yaml", lambda d: _gpu_container(d)["resources"]["limits"].pop("nvidia.com/gpu"),
-     "spec.rayClusterSpec.workerGroupSpecs[1].template.spec.containers[0].resources.limits.nvidia.com/gpu"),
+    (
+        "rayVersion-other",
+        "raycluster.yaml",
+        lambda d: _cluster_spec(d).__setitem__("rayVersion", "2.59.0"),
+        "spec.rayVersion",
+    ),
+    (
+        "rayjob-rayVersion-missing",
+        "rayjob.yaml",
+        lambda d: _cluster_spec(d).pop("rayVersion"),
+        "spec.rayClusterSpec.rayVersion",
+    ),
+    (
+        "image-other-ray",
+        "raycluster.yaml",
+        lambda d: _gpu_container(d).__setitem__("image", "rayproject/ray:2.50.0-gpu"),
+        "spec.workerGroupSpecs[1].template.spec.containers[0].image",
+    ),
+    (
+        "no-gpu-limits",
+        "raycluster.yaml",
+        lambda d: [
+            c["resources"][k].pop("nvidia.com/gpu") for c in [_gpu_container(d)] for k in ("limits", "requests")
+        ],
+        "spec.workerGroupSpecs",
+    ),
+    (
+        "gpu-request-without-limit",
+        "rayjob.yaml",
+        lambda d: _gpu_container(d)["resources"]["limits"].pop("nvidia.com/gpu"),
+        "spec.rayClusterSpec.workerGroupSpecs[1].template.spec.containers[0].resources.limits.nvidia.com/gpu",
+    ),
     ("auth-off", "raycluster.yaml", lambda d: _cluster_spec(d).pop("authOptions"), "spec.authOptions.mode"),
-    ("token-inline", "raycluster.yaml", lambda d: _gpu_container(d).__setitem__(
-        "env", [{"name": "RAY_AUTH_TOKEN", "value": "0123456789abcdef"}]),
-     "spec.workerGroupSpecs[1].template.spec.containers[0].env.RAY_AUTH_TOKEN"),
-    ("head-load-balancer", "raycluster.yaml", lambda d: _cluster_spec(d)["headGroupSpec"].__setitem__(
-        "serviceType", "LoadBalancer"), "spec.headGroupSpec.serviceType"),
+    (
+        "token-inline",
+        "raycluster.yaml",
+        lambda d: _gpu_container(d).__setitem__("env", [{"name": "RAY_AUTH_TOKEN", "value": "0123456789abcdef"}]),
+        "spec.workerGroupSpecs[1].template.spec.containers[0].env.RAY_AUTH_TOKEN",
+    ),
+    (
+        "head-load-balancer",
+        "raycluster.yaml",
+        lambda d: _cluster_spec(d)["headGroupSpec"].__setitem__("serviceType", "LoadBalancer"),
+        "spec.headGroupSpec.serviceType",
+    ),
     ("old-apiVersion", "raycluster.yaml", lambda d: d[0].__setitem__("apiVersion", "ray.io/v1alpha1"), "apiVersion"),
     ("unknown-kind", "volcano-queue.yaml", lambda d: d[0].__setitem__("kind", "PodGroup"), "kind"),
-    ("replicas-min-above-max", "rayjob.yaml", lambda d: _cluster_spec(d)["workerGroupSpecs"][0].__setitem__(
-        "minReplicas", 20), "spec.rayClusterSpec.workerGroupSpecs[0].minReplicas"),
+    (
+        "replicas-min-above-max",
+        "rayjob.yaml",
+        lambda d: _cluster_spec(d)["workerGroupSpecs"][0].__setitem__("minReplicas", 20),
+        "spec.rayClusterSpec.workerGroupSpecs[0].minReplicas",
+    ),
     ("rayjob-no-entrypoint", "rayjob.yaml", lambda d: d[0]["spec"].pop("entrypoint"), "spec.entrypoint"),
-    ("worker-groups-not-a-list", "raycluster.yaml", lambda d: _cluster_spec(d).__setitem__("workerGroupSpecs", "gpu"),
-     "a section"),
+    (
+        "worker-groups-not-a-list",
+        "raycluster.yaml",
+        lambda d: _cluster_spec(d).__setitem__("workerGroupSpecs", "gpu"),
+        "a section",
+    ),
 ]
 
 
 @pytest.mark.parametrize("file, mutate, key", [v[1:] for v in KUBE_VARIANTS], ids=[v[0] for v in KUBE_VARIANTS])
-def test_broken_kuberay_variant_is_rejected_naming_the_key(tmp_path: Path, file: str, mutate: Callable, key: str) -> None:
+def test_broken_kuberay_variant_is_rejected_naming_the_key(
+    tmp_path: Path, file: str, mutate: Callable, key: str
+) -> None:
     docs = _kube(file)
     mutate(docs)
     path = tmp_path / file
@@ -266,10 +420,16 @@ def test_broken_kuberay_variant_is_rejected_naming_the_key(tmp_path: Path, file:
     assert any(f" {key}:" in p or f": {key}" in p for p in problems), problems
 
 
-@pytest.mark.parametrize("text, expected", [
-    (None, "no such file"), ("a: [1, 2\n", "not valid YAML"), ("- 1\n- 2\n", "not a mapping"), ("", "empty"),
-    ("cluster_name: x\n---\ncluster_name: y\n", "several YAML documents"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (None, "no such file"),
+        ("a: [1, 2\n", "not valid YAML"),
+        ("- 1\n- 2\n", "not a mapping"),
+        ("", "empty"),
+        ("cluster_name: x\n---\ncluster_name: y\n", "several YAML documents"),
+    ],
+)
 def test_unreadable_files_get_a_clear_problem(tmp_path: Path, text: str | None, expected: str) -> None:
     path = tmp_path / "c.yaml"
     if text is not None:
@@ -278,12 +438,19 @@ def test_unreadable_files_get_a_clear_problem(tmp_path: Path, text: str | None, 
     assert problem.startswith(f"{path}: ") and expected in problem
 
 
-@pytest.mark.parametrize("image, version", [
-    ("rayproject/ray:2.60.0-py311-gpu", "2.60.0"), ("rayproject/ray:2.60.0", "2.60.0"),
-    ("ghcr.io/acme/rayrl:0.1.0-ray2.60.0-gpu", "2.60.0"), ("rayproject/ray:latest-gpu", None),
-    ("rayproject/ray", None), ("rayproject/ray@sha256:abc", None), ("localhost:5000/ray:2.61.1-cpu", "2.61.1"),
-    ("acme/trainer:2.60.0", None),
-])
+@pytest.mark.parametrize(
+    "image, version",
+    [
+        ("rayproject/ray:2.60.0-py311-gpu", "2.60.0"),
+        ("rayproject/ray:2.60.0", "2.60.0"),
+        ("ghcr.io/acme/rayrl:0.1.0-ray2.60.0-gpu", "2.60.0"),
+        ("rayproject/ray:latest-gpu", None),
+        ("rayproject/ray", None),
+        ("rayproject/ray@sha256:abc", None),
+        ("localhost:5000/ray:2.61.1-cpu", "2.61.1"),
+        ("acme/trainer:2.60.0", None),
+    ],
+)
 def test_image_ray_version(image: str, version: str | None) -> None:
     assert image_ray_version(image) == version
 
@@ -338,7 +505,7 @@ def test_fake_multinode_config_mirrors_learner_worker_types() -> None:
 
     launcher = load("gpu.yaml")
     fake = fake_multinode_config(launcher, gpu_stand_in="fake_gpu", max_workers_per_type=2)
-    validate_config(copy.deepcopy(fake))   # Ray's schema accepts it as a complete config
+    validate_config(copy.deepcopy(fake))  # Ray's schema accepts it as a complete config
     workers = {n: t for n, t in fake["available_node_types"].items() if n != "ray.head.default"}
     assert set(workers) == {n for n in launcher["available_node_types"] if n != launcher["head_node_type"]}
     for name, node in workers.items():

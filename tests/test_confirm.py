@@ -10,27 +10,56 @@ import pandas as pd
 import pytest
 
 from rayrl import runfolder
-from rayrl.sweep import confirm, ladder
 from rayrl import spec as S
+from rayrl.sweep import confirm, ladder
+
+
 def _trial(tid: str, batch: int, lr: float, steps: int | None, ret: float | None, status: str) -> dict:
-    return {"trial_id": tid, "batch_size": batch, "lr": lr, "env_steps": steps, "episode_return_mean": ret,
-            "status": status}
+    return {
+        "trial_id": tid,
+        "batch_size": batch,
+        "lr": lr,
+        "env_steps": steps,
+        "episode_return_mean": ret,
+        "status": status,
+    }
 
 
-def _run(cand: int, seed: int, steps: float, reached: bool, wall: float = 10.0, usd: float = 0.001,
-         ret: float = 460.0, batch: int = 2048, lr: float = 3e-4) -> dict:
-    return {"candidate": cand, "phase2_trial_id": f"p{cand}", "batch_size": batch, "lr": lr, "seed": seed,
-            "trial_id": f"c{cand}_{seed}", "env_steps": steps, "wall_s": wall, "usd": usd,
-            "episode_return_mean": ret if reached else 200.0, "reached": reached}
+def _run(
+    cand: int,
+    seed: int,
+    steps: float,
+    reached: bool,
+    wall: float = 10.0,
+    usd: float = 0.001,
+    ret: float = 460.0,
+    batch: int = 2048,
+    lr: float = 3e-4,
+) -> dict:
+    return {
+        "candidate": cand,
+        "phase2_trial_id": f"p{cand}",
+        "batch_size": batch,
+        "lr": lr,
+        "seed": seed,
+        "trial_id": f"c{cand}_{seed}",
+        "env_steps": steps,
+        "wall_s": wall,
+        "usd": usd,
+        "episode_return_mean": ret if reached else 200.0,
+        "reached": reached,
+    }
 
 
 def test_rank_and_top_configs_take_phase2s_order_and_skip_duplicates_and_errors():
-    trials = [_trial("a", 2048, 1e-4, 90_000, 478.0, "reached_target"),
-              _trial("b", 512, 3e-4, 30_000, 452.0, "reached_target"),
-              _trial("c", 4096, 2e-4, 200_000, 330.0, "completed"),
-              _trial("d", 1024, 5e-4, 10_000, 500.0, "error"),
-              _trial("e", 512, 3e-4, 40_000, 455.0, "reached_target"),   # same config as b
-              _trial("f", 256, 1e-3, 40_000, None, "stopped_early")]
+    trials = [
+        _trial("a", 2048, 1e-4, 90_000, 478.0, "reached_target"),
+        _trial("b", 512, 3e-4, 30_000, 452.0, "reached_target"),
+        _trial("c", 4096, 2e-4, 200_000, 330.0, "completed"),
+        _trial("d", 1024, 5e-4, 10_000, 500.0, "error"),
+        _trial("e", 512, 3e-4, 40_000, 455.0, "reached_target"),  # same config as b
+        _trial("f", 256, 1e-3, 40_000, None, "stopped_early"),
+    ]
     assert [t["trial_id"] for t in runfolder.rank_trials(trials)] == ["b", "e", "a", "c"]
     assert [t["trial_id"] for t in confirm.top_configs(trials, 3)] == ["b", "a", "c"]
     assert [t["trial_id"] for t in confirm.top_configs(trials, 10)] == ["b", "a", "c"]
@@ -39,8 +68,10 @@ def test_rank_and_top_configs_take_phase2s_order_and_skip_duplicates_and_errors(
 
 
 def test_the_specs_own_config_joins_the_candidates_last_unless_already_there():
-    top = [_trial("b", 512, 3e-4, 30_000, 452.0, "reached_target"), _trial("a", 2048, 1e-4, 90_000, 478.0,
-                                                                             "reached_target")]
+    top = [
+        _trial("b", 512, 3e-4, 30_000, 452.0, "reached_target"),
+        _trial("a", 2048, 1e-4, 90_000, 478.0, "reached_target"),
+    ]
     out = confirm.with_baseline(top, 2048, 3e-4)
     assert [c["trial_id"] for c in out] == ["b", "a", confirm.BASELINE_ID]
     assert (out[-1]["batch_size"], out[-1]["lr"]) == (2048, 3e-4)
@@ -50,12 +81,23 @@ def test_the_specs_own_config_joins_the_candidates_last_unless_already_there():
 
 
 def test_the_specs_own_config_wins_when_the_searched_ones_are_slower_on_fresh_seeds():
-    runs = [{"candidate": c, "phase2_trial_id": tid, "batch_size": b, "lr": 1e-4, "seed": seed,
-             "trial_id": f"{tid}{seed}", "env_steps": steps, "wall_s": wall, "usd": wall / 1000,
-             "episode_return_mean": 460.0, "reached": True}
-            for c, tid, b, walls in ((1, "x", 512, (37.0, 39.0, 30.0)), (2, confirm.BASELINE_ID, 2048,
-                                                                         (27.0, 12.0, 20.0)))
-            for seed, wall, steps in zip((1000, 2000, 3000), walls, (80_000, 60_000, 70_000))]
+    runs = [
+        {
+            "candidate": c,
+            "phase2_trial_id": tid,
+            "batch_size": b,
+            "lr": 1e-4,
+            "seed": seed,
+            "trial_id": f"{tid}{seed}",
+            "env_steps": steps,
+            "wall_s": wall,
+            "usd": wall / 1000,
+            "episode_return_mean": 460.0,
+            "reached": True,
+        }
+        for c, tid, b, walls in ((1, "x", 512, (37.0, 39.0, 30.0)), (2, confirm.BASELINE_ID, 2048, (27.0, 12.0, 20.0)))
+        for seed, wall, steps in zip((1000, 2000, 3000), walls, (80_000, 60_000, 70_000))
+    ]
     chosen = confirm.choose(confirm.summarise(runs, "wall_s"))
     assert chosen["phase2_trial_id"] == confirm.BASELINE_ID and chosen["median"] == 20.0
 
@@ -78,7 +120,7 @@ def test_cost_of_a_run_that_missed_the_target_is_infinite():
 def test_iqm_median_and_bootstrap_interval_numbers():
     x = [1.0, 2.0, 3.0, 4.0, 100.0, 6.0, 7.0, 8.0]
     assert confirm.iqm(x) == pytest.approx(np.mean([3.0, 4.0, 6.0, 7.0]))  # trims 2 from each end
-    assert confirm.iqm([5.0, 1.0, 9.0]) == pytest.approx(5.0)             # n=3: nothing trimmed
+    assert confirm.iqm([5.0, 1.0, 9.0]) == pytest.approx(5.0)  # n=3: nothing trimmed
     assert confirm.median([3.0, math.inf, 1.0]) == 3.0
     assert confirm.median([1.0, math.inf]) == math.inf
     low, high = confirm.bootstrap_interval([10.0, 11.0, 12.0, 13.0, 14.0], seed=1)
@@ -91,9 +133,17 @@ def test_iqm_median_and_bootstrap_interval_numbers():
 
 def test_confirmation_chooses_by_the_median_not_the_luckiest_run():
     """Candidate 1 won phase 2 and has the single cheapest run, but on fresh seeds its median is worse."""
-    runs = [_run(1, 1000, 20_000, True), _run(1, 2000, 150_000, True), _run(1, 3000, 200_000, False),
-            _run(2, 1000, 60_000, True), _run(2, 2000, 55_000, True), _run(2, 3000, 70_000, True),
-            _run(3, 1000, 200_000, False), _run(3, 2000, 40_000, True), _run(3, 3000, 200_000, False)]
+    runs = [
+        _run(1, 1000, 20_000, True),
+        _run(1, 2000, 150_000, True),
+        _run(1, 3000, 200_000, False),
+        _run(2, 1000, 60_000, True),
+        _run(2, 2000, 55_000, True),
+        _run(2, 3000, 70_000, True),
+        _run(3, 1000, 200_000, False),
+        _run(3, 2000, 40_000, True),
+        _run(3, 3000, 200_000, False),
+    ]
     table = confirm.summarise(runs, "env_steps")
     by = {c["candidate"]: c for c in table}
     assert by[1]["median"] == 150_000 and by[2]["median"] == 60_000 and by[3]["median"] == math.inf
@@ -110,8 +160,10 @@ def test_confirmation_chooses_by_the_median_not_the_luckiest_run():
 
 
 def test_when_no_config_reaches_the_target_the_higher_median_return_wins():
-    runs = [{**_run(c, s, 8000, False), "episode_return_mean": ret}
-            for c, s, ret in [(1, 1, 90.0), (1, 2, 40.0), (1, 3, 45.0), (2, 1, 60.0), (2, 2, 70.0), (2, 3, 20.0)]]
+    runs = [
+        {**_run(c, s, 8000, False), "episode_return_mean": ret}
+        for c, s, ret in [(1, 1, 90.0), (1, 2, 40.0), (1, 3, 45.0), (2, 1, 60.0), (2, 2, 70.0), (2, 3, 20.0)]
+    ]
     table = confirm.summarise(runs, "usd")
     assert [c["median"] for c in table] == [math.inf, math.inf]
     assert [c["median_return"] for c in table] == [45.0, 60.0]
@@ -120,8 +172,7 @@ def test_when_no_config_reaches_the_target_the_higher_median_return_wins():
 
 
 def test_phase2_searches_below_the_ladder_down_to_min_batch():
-    assert ladder.search_batches([2048, 4096], start=2048, factor=2, min_batch=256) == [256, 512, 1024, 2048,
-                                                                                            4096]
+    assert ladder.search_batches([2048, 4096], start=2048, factor=2, min_batch=256) == [256, 512, 1024, 2048, 4096]
     assert ladder.search_batches([2048], start=2048, factor=2, min_batch=300) == [512, 1024, 2048]
     assert ladder.search_batches([512], start=512, factor=2, min_batch=1024) == [512]
     assert ladder.search_batches([], start=2048, factor=2, min_batch=256) == []
@@ -145,23 +196,32 @@ def test_report_and_plot_show_every_seed_and_the_interval(tmp_path):
     """report.md's confirmation section lists each candidate's median and interval and each seed's run."""
     from test_report import write_run
 
-    from rayrl.judge import report, folder
+    from rayrl.judge import folder, report
 
     root = write_run(tmp_path / "s")
-    runs = [_run(1, 1000, 20_000, True, usd=0.002), _run(1, 2000, 150_000, True, usd=0.015),
-            _run(1, 3000, 200_000, False, usd=0.02), _run(2, 1000, 60_000, True, usd=0.006, batch=512, lr=1e-3),
-            _run(2, 2000, 55_000, True, usd=0.0055, batch=512, lr=1e-3),
-            _run(2, 3000, 70_000, True, usd=0.007, batch=512, lr=1e-3)]
+    runs = [
+        _run(1, 1000, 20_000, True, usd=0.002),
+        _run(1, 2000, 150_000, True, usd=0.015),
+        _run(1, 3000, 200_000, False, usd=0.02),
+        _run(2, 1000, 60_000, True, usd=0.006, batch=512, lr=1e-3),
+        _run(2, 2000, 55_000, True, usd=0.0055, batch=512, lr=1e-3),
+        _run(2, 3000, 70_000, True, usd=0.007, batch=512, lr=1e-3),
+    ]
     pd.DataFrame(runs, columns=runfolder.CONFIRM_COLUMNS).to_csv(root / "confirm.csv", index=False)
     table = confirm.summarise(runs, "usd")
     summary = json.loads((root / "summary.json").read_text())
-    summary["confirm"] = {"objective": "usd", "seeds": [1000, 2000, 3000], "env_steps_budget": 200_000,
-                          "target_return": 400.0, "chosen": confirm.choose(table)["candidate"],
-                          "candidates": [confirm.jsonable(c) for c in table]}
+    summary["confirm"] = {
+        "objective": "usd",
+        "seeds": [1000, 2000, 3000],
+        "env_steps_budget": 200_000,
+        "target_return": 400.0,
+        "chosen": confirm.choose(table)["candidate"],
+        "candidates": [confirm.jsonable(c) for c in table],
+    }
     (root / "summary.json").write_text(json.dumps(summary))
     assert report.main([str(root)]) == 0
     text = (root / "report.md").read_text()
-    section = text[text.index("## Confirmation on fresh seeds"):text.index("## Training")]
+    section = text[text.index("## Confirmation on fresh seeds") : text.index("## Training")]
     assert "| **2** | p2 | 512 | 0.001 | 3/3 | 0.006 |" in section  # the chosen one, bold, median 0.006
     assert "| 1 | p1 | 2048 | 0.0003 | 2/3 | 0.015 |" in section
     assert section.count("| yes |") == 5 and section.count("| no |") == 1
@@ -226,19 +286,19 @@ def test_the_race_stops_a_run_past_the_best_median_and_skips_a_config_that_canno
     for seed, cost in ((7, 10.0), (8, 20.0)):
         assert not r.should_stop(1, seed, cost - 1)  # no median known yet: nothing stops
         r.finish(1, seed, cost)
-    assert r.bound() == 20.0                 # the median of (10, 20, anything) is at most 20
+    assert r.bound() == 20.0  # the median of (10, 20, anything) is at most 20
     assert not r.should_stop(1, 9, 19.0)
-    assert r.should_stop(1, 9, 20.5)         # censoring the best config's own worst run: its median stays 20
+    assert r.should_stop(1, 9, 20.5)  # censoring the best config's own worst run: its median stays 20
     r.finish(1, 9, math.inf)
     assert r.bound() == 20.0
-    assert not r.should_stop(2, 7, 20.0)   # at the bound, not past it: it could still tie
-    assert r.should_stop(2, 7, 20.5)       # past the best median: this run cannot be among its config's lower half
+    assert not r.should_stop(2, 7, 20.0)  # at the bound, not past it: it could still tie
+    assert r.should_stop(2, 7, 20.5)  # past the best median: this run cannot be among its config's lower half
     r.finish(2, 7, math.inf)
-    assert not r.should_stop(2, 8, 5.0)    # still possible: 5 and an unstarted run could make a median below 20
+    assert not r.should_stop(2, 8, 5.0)  # still possible: 5 and an unstarted run could make a median below 20
     assert r.should_stop(2, 8, 21.0)
     r.finish(2, 8, math.inf)
     assert r.lowest_median(2) == math.inf
-    assert r.should_stop(2, 9, 0.5)        # two runs out: the config cannot win, its last run stops at once
+    assert r.should_stop(2, 9, 0.5)  # two runs out: the config cannot win, its last run stops at once
     # an even seed count: the median averages two runs, so a run stops only past twice the bound
     e = confirm.Race([1, 2], [1, 2])
     e.finish(1, 1, 10.0)
@@ -252,28 +312,55 @@ def test_confirm_stopper_stops_at_target_budget_and_race_and_names_why():
     from rayrl.sweep.confirm_run import ConfirmStopper
     from rayrl.tune.resources import trial_resources
 
-    points = [(1, 512, 3e-4, 11), (1, 512, 3e-4, 12), (1, 512, 3e-4, 13), (2, 1024, 1e-4, 11),
-              (2, 1024, 1e-4, 12), (2, 1024, 1e-4, 13)]
-    stop = ConfirmStopper(points, [11, 12, 13], objective="env_steps", return_key="rayrl/train_return", target=450.0,
-                          budget=10_000, held=trial_resources(S.ResourcesSpec()), prices=S.CostSpec())
+    points = [
+        (1, 512, 3e-4, 11),
+        (1, 512, 3e-4, 12),
+        (1, 512, 3e-4, 13),
+        (2, 1024, 1e-4, 11),
+        (2, 1024, 1e-4, 12),
+        (2, 1024, 1e-4, 13),
+    ]
+    stop = ConfirmStopper(
+        points,
+        [11, 12, 13],
+        objective="env_steps",
+        return_key="rayrl/train_return",
+        target=450.0,
+        budget=10_000,
+        held=trial_resources(S.ResourcesSpec()),
+        prices=S.CostSpec(),
+    )
 
     def res(batch, lr, seed, steps, ret):
-        return {"num_env_steps_sampled_lifetime": steps, "rayrl": {"train_return": ret}, "time_total_s": 1.0,
-                "config": {"train_batch_size_per_learner": batch, "lr": lr, "seed": seed}}
+        return {
+            "num_env_steps_sampled_lifetime": steps,
+            "rayrl": {"train_return": ret},
+            "time_total_s": 1.0,
+            "config": {"train_batch_size_per_learner": batch, "lr": lr, "seed": seed},
+        }
 
     assert not stop("a", res(512, 3e-4, 11, 1000, 200.0))
-    assert stop("a", res(512, 3e-4, 11, 2000, 460.0))            # target
-    assert stop("b", res(512, 3e-4, 12, 10_000, 300.0))          # budget
+    assert stop("a", res(512, 3e-4, 11, 2000, 460.0))  # target
+    assert stop("b", res(512, 3e-4, 12, 10_000, 300.0))  # budget
     assert stop("c", res(512, 3e-4, 13, 3000, 451.0))
-    assert stop.race.bound() == 3000.0                            # median of (2000, 3000, inf)
+    assert stop.race.bound() == 3000.0  # median of (2000, 3000, inf)
     assert not stop("d", res(1024, 1e-4, 11, 3000, 100.0))
-    assert stop("d", res(1024, 1e-4, 11, 4096, 100.0))            # past 3000: cannot win
+    assert stop("d", res(1024, 1e-4, 11, 4096, 100.0))  # past 3000: cannot win
     assert confirm.stop_reason(False, False, 4096, 10_000) == "race"
     assert confirm.stop_reason(False, False, 10_000, 10_000) == "budget"
     assert confirm.stop_reason(True, False, 2000, 10_000) == "target"
     assert confirm.stop_reason(False, True, 2000, 10_000) == "error"
-    off = ConfirmStopper(points, [11, 12, 13], objective="env_steps", return_key="rayrl/train_return", target=450.0,
-                         budget=10_000, held=trial_resources(S.ResourcesSpec()), prices=S.CostSpec(), race=False)
+    off = ConfirmStopper(
+        points,
+        [11, 12, 13],
+        objective="env_steps",
+        return_key="rayrl/train_return",
+        target=450.0,
+        budget=10_000,
+        held=trial_resources(S.ResourcesSpec()),
+        prices=S.CostSpec(),
+        race=False,
+    )
     assert not off("d", res(1024, 1e-4, 11, 9000, 100.0)) and off("d", res(1024, 1e-4, 11, 10_000, 100.0))
     with pytest.raises(KeyError, match="no planned run"):
         stop("x", res(2048, 1e-4, 11, 100, 1.0))

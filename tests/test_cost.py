@@ -3,12 +3,12 @@
 import json
 import math
 
+import plan_run
 import pytest
 
-import plan_run
 from rayrl import cli
 from rayrl.observe import cost
-from rayrl.spec import CostSpec, ResourcesSpec
+from rayrl.spec import CostSpec
 
 
 def test_fleet_month_costs_21_6_million_and_a_tenth_shorter_run_saves_2_16_million(tmp_path, capsys):
@@ -29,8 +29,7 @@ def test_fleet_month_costs_21_6_million_and_a_tenth_shorter_run_saves_2_16_milli
 def test_hourly_rate_adds_gpus_and_cpus_and_applies_the_spot_discount():
     res = cost.TrialResources(gpus=2, cpus=10)
     assert cost.hourly_rate(res, CostSpec(gpu_hour_usd=3.0, cpu_hour_usd=0.05)) == pytest.approx(6.5)
-    assert cost.hourly_rate(res, CostSpec(gpu_hour_usd=3.0, cpu_hour_usd=0.05, spot_discount=0.6)) == \
-        pytest.approx(2.6)
+    assert cost.hourly_rate(res, CostSpec(gpu_hour_usd=3.0, cpu_hour_usd=0.05, spot_discount=0.6)) == pytest.approx(2.6)
 
 
 def test_run_cost_sums_trials_by_their_wall_time():

@@ -6,12 +6,11 @@ import math
 
 import pandas as pd
 import pytest
+from test_report import LADDER, history_rows, sweep_history, write_run
 
 from rayrl import runfolder
-from rayrl.observe import keys
 from rayrl.judge import doctor
 from rayrl.judge.doctor import Evidence
-from test_report import LADDER, history_rows, sweep_history, write_run
 
 
 def frame(*groups: list[dict]) -> pd.DataFrame:
@@ -31,8 +30,10 @@ def ladder(rows) -> pd.DataFrame:
 
 
 def test_communication_bound_fires_when_more_learners_add_little():
-    h = frame(history_rows("n1", "train", 4096, 3e-4, 8, 1000.0, 400.0, num_learners=1),
-              history_rows("n2", "train", 4096, 3e-4, 8, 1100.0, 400.0, num_learners=2))
+    h = frame(
+        history_rows("n1", "train", 4096, 3e-4, 8, 1000.0, 400.0, num_learners=1),
+        history_rows("n2", "train", 4096, 3e-4, 8, 1100.0, 400.0, num_learners=2),
+    )
     f = doctor.communication_bound(Evidence(history=h))
     assert f is not None and f.rule == "communication bound"
     assert "1 -> 2 learners" in f.symptom and "+10%" in f.symptom
@@ -40,8 +41,10 @@ def test_communication_bound_fires_when_more_learners_add_little():
 
 
 def test_communication_bound_silent_when_learners_scale_or_only_one_count():
-    h = frame(history_rows("n1", "train", 4096, 3e-4, 8, 1000.0, 400.0, num_learners=1),
-              history_rows("n2", "train", 4096, 3e-4, 8, 1900.0, 400.0, num_learners=2))
+    h = frame(
+        history_rows("n1", "train", 4096, 3e-4, 8, 1000.0, 400.0, num_learners=1),
+        history_rows("n2", "train", 4096, 3e-4, 8, 1900.0, 400.0, num_learners=2),
+    )
     assert doctor.communication_bound(Evidence(history=h)) is None
     assert doctor.communication_bound(Evidence(history=healthy())) is None
 
@@ -107,8 +110,9 @@ def test_slow_restores_fires_on_slow_failed_or_incomplete_restores():
 
 
 def test_slow_restores_silent_on_fast_recoveries_or_no_drills():
-    fast = Evidence(history=healthy(), drills=[{"name": "kill_trial", "recovery_s": 40.0, "outcome": "recovered"}],
-                    restore_rate=1.0)
+    fast = Evidence(
+        history=healthy(), drills=[{"name": "kill_trial", "recovery_s": 40.0, "outcome": "recovered"}], restore_rate=1.0
+    )
     assert doctor.slow_restores(fast) is None
     assert doctor.slow_restores(Evidence(history=healthy())) is None
 
@@ -142,12 +146,17 @@ def test_every_rule_is_in_the_table_and_a_healthy_run_has_no_finding():
 
 
 def test_doctor_cli_on_run_folders(tmp_path, capsys):
-    one = write_run(tmp_path / "n1", kind="train",
-                    history=frame(history_rows("x", "train", 4096, 3e-4, 8, 1000.0, 400.0, num_learners=1)))
-    two = write_run(tmp_path / "n2", kind="train",
-                    history=frame(history_rows("x", "train", 4096, 3e-4, 8, 1020.0, 400.0, num_learners=2)),
-                    drill={"drills": [{"name": "kill_node", "recovery_s": 600.0, "outcome": "recovered"}],
-                           "restore_rate": 1.0})
+    one = write_run(
+        tmp_path / "n1",
+        kind="train",
+        history=frame(history_rows("x", "train", 4096, 3e-4, 8, 1000.0, 400.0, num_learners=1)),
+    )
+    two = write_run(
+        tmp_path / "n2",
+        kind="train",
+        history=frame(history_rows("x", "train", 4096, 3e-4, 8, 1020.0, 400.0, num_learners=2)),
+        drill={"drills": [{"name": "kill_node", "recovery_s": 600.0, "outcome": "recovered"}], "restore_rate": 1.0},
+    )
     assert doctor.main([str(one), str(two)]) == 0
     out = capsys.readouterr().out
     assert "2 finding(s)" in out and "communication bound" in out and "slow or failed checkpoint restores" in out
@@ -156,8 +165,9 @@ def test_doctor_cli_on_run_folders(tmp_path, capsys):
 
 
 def test_doctor_cli_sweep_stalled_at_first_rung(tmp_path, capsys):
-    root = write_run(tmp_path / "s", history=sweep_history(),
-                     ladder=[(2048, 1000.0, None, "expand"), (4096, 1010.0, 0.01, "stop")])
+    root = write_run(
+        tmp_path / "s", history=sweep_history(), ladder=[(2048, 1000.0, None, "expand"), (4096, 1010.0, 0.01, "stop")]
+    )
     assert doctor.main([str(root)]) == 0
     assert "env runners are the bottleneck" in capsys.readouterr().out
 
@@ -167,6 +177,7 @@ def test_doctor_cli_bad_folder_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("rayrl doctor: error:") and "Traceback" not in err
     from rayrl import cli
+
     assert cli.main(["doctor", str(tmp_path / "missing")]) == 2
 
 

@@ -17,14 +17,23 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-
 from conftest import ROOT, subprocess_env
 
 pytestmark = pytest.mark.slow
 
 CONFIG = ROOT / "experiments" / "configs" / "cartpole_ppo.yaml"
-SMALL = ["--set", "algo.train_batch_per_learner=512", "--set", "algo.minibatch_size=128",
-         "--set", "resources.env_runners=0", "--set", "env.envs_per_runner=4", "--set", "checkpoint.every=1"]
+SMALL = [
+    "--set",
+    "algo.train_batch_per_learner=512",
+    "--set",
+    "algo.minibatch_size=128",
+    "--set",
+    "resources.env_runners=0",
+    "--set",
+    "env.envs_per_runner=4",
+    "--set",
+    "checkpoint.every=1",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -36,11 +45,28 @@ def rayrl_run(args: list[str], storage: Path, timeout: float = 420) -> subproces
     """A rayrl command on a local 2-CPU Ray with MLflow on (a file store under ``storage``)."""
     env = subprocess_env(MLFLOW_ALLOW_FILE_STORE="true", WANDB_SILENT="true")
     env.pop("WANDB_MODE", None)  # offline must come from the spec alone
-    proc = subprocess.run([sys.executable, *args, "--storage", str(storage), "--num-cpus", "2",
-                           "--config", str(CONFIG), *SMALL,
-                           "--set", "tracking.mlflow.enabled=true",
-                           "--set", f"tracking.mlflow.tracking_uri=file:{storage / 'mlruns'}"],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            *args,
+            "--storage",
+            str(storage),
+            "--num-cpus",
+            "2",
+            "--config",
+            str(CONFIG),
+            *SMALL,
+            "--set",
+            "tracking.mlflow.enabled=true",
+            "--set",
+            f"tracking.mlflow.tracking_uri=file:{storage / 'mlruns'}",
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -50,9 +76,28 @@ def trained(tmp_path_factory) -> Path:
     """`rayrl train --population 2`, 4096 env steps per member (batch 512), PBT every 1024 env steps;
     TensorBoard, MLflow and W&B (offline) on. One short real run serves every test below."""
     storage = tmp_path_factory.mktemp("eco")
-    rayrl_run(["-m", "rayrl.cli", "train", "--name", "eco", "--population", "2", "--set", "stop.env_steps=4096",
-               "--set", "population.perturbation_env_steps=1024", "--set", "population.entropy_max=0.01",
-               "--set", "tracking.wandb.enabled=true", "--set", "tracking.wandb.mode=offline"], storage)
+    rayrl_run(
+        [
+            "-m",
+            "rayrl.cli",
+            "train",
+            "--name",
+            "eco",
+            "--population",
+            "2",
+            "--set",
+            "stop.env_steps=4096",
+            "--set",
+            "population.perturbation_env_steps=1024",
+            "--set",
+            "population.entropy_max=0.01",
+            "--set",
+            "tracking.wandb.enabled=true",
+            "--set",
+            "tracking.wandb.mode=offline",
+        ],
+        storage,
+    )
     return storage / "eco"
 
 
@@ -71,8 +116,8 @@ def read_scalars(path: Path) -> dict[str, list[tuple[int, float]]]:
 
     data, i, out = path.read_bytes(), 0, {}
     while i < len(data):
-        (n,) = struct.unpack("<Q", data[i:i + 8])
-        event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+        (n,) = struct.unpack("<Q", data[i : i + 8])
+        event = event_pb2.Event.FromString(data[i + 12 : i + 12 + n])
         i += 12 + n + 4
         for value in event.summary.value:
             out.setdefault(value.tag, []).append((event.step, value.simple_value))
@@ -87,8 +132,10 @@ def test_tensorboard_events_hold_rayrl_throughput_and_return(trained):
                 scalars.setdefault(tag, []).extend(points)
         rows = history(trained, trial_id)
         assert len(rows) >= 2  # a member that copied another starts from its env steps
-        for tag, column in (("rayrl/env_steps_per_s", "env_steps_per_s"),
-                            ("rayrl/episode_return_mean", "episode_return_mean")):
+        for tag, column in (
+            ("rayrl/env_steps_per_s", "env_steps_per_s"),
+            ("rayrl/episode_return_mean", "episode_return_mean"),
+        ):
             assert [s for s, _ in scalars[tag]] == [int(float(r["env_steps"])) for r in rows]  # by env steps
             assert [v for _, v in scalars[tag]] == pytest.approx([float(r[column]) for r in rows], rel=1e-5)
         assert all(v > 0 for _, v in scalars["rayrl/env_steps_per_s"])
@@ -108,8 +155,7 @@ def test_mlflow_holds_one_run_per_trial_with_spec_params_and_rayrl_metrics(train
         first[trial_id] = {"lr": config["lr"], "entropy_coeff": config["entropy_coeff"]}
     with (trained / "population.csv").open() as f:
         for step in reversed(list(csv.DictReader(f))):
-            first[step["trial_id"]] = {"lr": float(step["lr_old"]),
-                                       "entropy_coeff": float(step["entropy_coeff_old"])}
+            first[step["trial_id"]] = {"lr": float(step["lr_old"]), "entropy_coeff": float(step["entropy_coeff_old"])}
     for trial_id, run in by_trial.items():
         params = first[trial_id]
         assert run.data.tags["mlflow.runName"] == f"train_b512_lr{params['lr']:.1e}_{trial_id}"
@@ -122,8 +168,7 @@ def test_mlflow_holds_one_run_per_trial_with_spec_params_and_rayrl_metrics(train
         steps = client.get_metric_history(run.info.run_id, "rayrl/env_steps_per_s")
         assert [m.step for m in steps] == [int(float(r["env_steps"])) for r in rows]
         assert [m.value for m in steps] == pytest.approx([float(r["env_steps_per_s"]) for r in rows], rel=1e-5)
-        assert run.data.metrics["rayrl/episode_return_mean"] == pytest.approx(
-            float(rows[-1]["episode_return_mean"]))
+        assert run.data.metrics["rayrl/episode_return_mean"] == pytest.approx(float(rows[-1]["episode_return_mean"]))
         assert not any(k.startswith(("learners/", "config/")) for k in run.data.metrics)  # rayrl's keys only
 
 
@@ -134,8 +179,10 @@ def test_population_records_exploit_and_explore(trained):
     for step in steps:
         assert {step["trial_id"], step["cloned_from"]} == set(trial_ids(trained))  # bottom copied top
         assert 1e-5 <= float(step["lr_new"]) <= 1e-3 and 0.0 <= float(step["entropy_coeff_new"]) <= 0.01
-        assert (float(step["lr_new"]), float(step["entropy_coeff_new"])) != \
-            (float(step["lr_cloned"]), float(step["entropy_coeff_cloned"]))  # explored, not a plain copy
+        assert (float(step["lr_new"]), float(step["entropy_coeff_new"])) != (
+            float(step["lr_cloned"]),
+            float(step["entropy_coeff_cloned"]),
+        )  # explored, not a plain copy
     summary = json.loads((trained / "summary.json").read_text())
     assert summary["population"]["size"] == 2 and summary["population"]["exploits"] == len(steps)
     assert summary["population"]["errored"] == 0  # every exploit found the checkpoint it copies
@@ -193,9 +240,9 @@ def test_export_continuous_policy_maps_mean_onto_bounds(tmp_path):
     import onnxruntime
     from ray.rllib.utils.spaces.space_utils import unsquash_action
 
-    from rayrl.rllib import algo
     from rayrl import spec as S
     from rayrl.policy.export import export
+    from rayrl.rllib import algo
 
     env = gym.make("Pendulum-v1")
     spec = S.from_dict({"env": {"id": "Pendulum-v1"}})
@@ -207,8 +254,11 @@ def test_export_continuous_policy_maps_mean_onto_bounds(tmp_path):
     expected = unsquash_action(inputs[:, :1].numpy(), env.action_space)
     for fmt in ("onnx", "torchscript"):
         out = export(module, env.observation_space, env.action_space, fmt, tmp_path / f"p.{fmt}")
-        got = (onnxruntime.InferenceSession(str(out)).run(None, {"obs": obs})[0] if fmt == "onnx"
-               else torch.jit.load(str(out))(torch.as_tensor(obs))[0].detach().numpy())
+        got = (
+            onnxruntime.InferenceSession(str(out)).run(None, {"obs": obs})[0]
+            if fmt == "onnx"
+            else torch.jit.load(str(out))(torch.as_tensor(obs))[0].detach().numpy()
+        )
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -228,12 +278,29 @@ def test_play_prints_five_returns_and_records_videos(trained, tmp_path, capsys):
 def test_sweep_logs_one_mlflow_run_per_phase2_trial(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    rayrl_run(["experiments/sweep.py", "--name", "ecosweep",
-               "--set", "search.doubling={start: 512, cap: 512, warmup_iters: 0, measure_iters: 1}",
-               "--set", "search.num_samples=2", "--set", "search.max_env_steps=1536",
-               "--set", "search.grace_env_steps=512", "--set", "search.max_concurrent=2",
-               # one batch size (no search below the ladder) and no confirmation: MLflow per trial is under test
-               "--set", "search.min_batch=512", "--set", "search.confirm_top_k=0"], tmp_path)
+    rayrl_run(
+        [
+            "experiments/sweep.py",
+            "--name",
+            "ecosweep",
+            "--set",
+            "search.doubling={start: 512, cap: 512, warmup_iters: 0, measure_iters: 1}",
+            "--set",
+            "search.num_samples=2",
+            "--set",
+            "search.max_env_steps=1536",
+            "--set",
+            "search.grace_env_steps=512",
+            "--set",
+            "search.max_concurrent=2",
+            # one batch size (no search below the ladder) and no confirmation: MLflow per trial is under test
+            "--set",
+            "search.min_batch=512",
+            "--set",
+            "search.confirm_top_k=0",
+        ],
+        tmp_path,
+    )
     with (tmp_path / "ecosweep" / "trials.csv").open() as f:
         trials = {r["trial_id"]: r for r in csv.DictReader(f)}
     client = MlflowClient(f"file:{tmp_path / 'mlruns'}")
@@ -245,4 +312,3 @@ def test_sweep_logs_one_mlflow_run_per_phase2_trial(tmp_path):
         assert float(run.data.params["algo.lr"]) == pytest.approx(float(trials[trial_id]["lr"]))
         assert run.data.tags["mlflow.runName"].startswith(f"search_b512_lr{float(trials[trial_id]['lr']):.1e}")
         assert "rayrl/env_steps_per_s" in run.data.metrics
-

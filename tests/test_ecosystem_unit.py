@@ -8,31 +8,41 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from conftest import ROOT, subprocess_env
 
-from rayrl.observe import keys
 from rayrl import spec as S
 from rayrl.extras import require
+from rayrl.observe import keys
 from rayrl.track.naming import rayrl_metrics, run_name, trial_params
-
-from conftest import ROOT, subprocess_env
 
 
 def test_tracking_defaults_and_values():
-    spec = S.from_dict({"tracking": {"mlflow": {"enabled": True, "tracking_uri": "http://127.0.0.1:5000"},
-                                     "wandb": {"enabled": True, "mode": "offline", "project": "p"}}})
+    spec = S.from_dict(
+        {
+            "tracking": {
+                "mlflow": {"enabled": True, "tracking_uri": "http://127.0.0.1:5000"},
+                "wandb": {"enabled": True, "mode": "offline", "project": "p"},
+            }
+        }
+    )
     assert spec.tracking.tensorboard is True
     assert spec.tracking.mlflow.tracking_uri == "http://127.0.0.1:5000"
     assert (spec.tracking.wandb.mode, spec.tracking.wandb.project) == ("offline", "p")
     assert S.Spec().tracking.mlflow.enabled is False and S.Spec().tracking.wandb.enabled is False
 
 
-@pytest.mark.parametrize("data,words", [
-    ({"tensorboard": "yes"}, ["tracking.tensorboard", "'yes'", "true or false"]),
-    ({"mlflow": {"tracking_uri": "https://me:secret@mlflow.example:443"}}, ["tracking.mlflow.tracking_uri",
-                                                                          "MLFLOW_TRACKING_PASSWORD"]),
-    ({"wandb": {"mode": "offlne"}}, ["tracking.wandb.mode", "did you mean 'offline'", "online, offline"]),
-    ({"mlflo": {}}, ["tracking.mlflo", "did you mean 'mlflow'"]),
-])
+@pytest.mark.parametrize(
+    "data,words",
+    [
+        ({"tensorboard": "yes"}, ["tracking.tensorboard", "'yes'", "true or false"]),
+        (
+            {"mlflow": {"tracking_uri": "https://me:secret@mlflow.example:443"}},
+            ["tracking.mlflow.tracking_uri", "MLFLOW_TRACKING_PASSWORD"],
+        ),
+        ({"wandb": {"mode": "offlne"}}, ["tracking.wandb.mode", "did you mean 'offline'", "online, offline"]),
+        ({"mlflo": {}}, ["tracking.mlflo", "did you mean 'mlflow'"]),
+    ],
+)
 def test_bad_tracking_section_names_field_and_fix(data, words):
     with pytest.raises(S.SpecError) as err:
         S.from_dict({"tracking": data})
@@ -47,8 +57,9 @@ def test_missing_extra_names_the_pip_command():
 
 
 def test_run_name_says_phase_batch_lr():
-    trial = SimpleNamespace(trial_id="ab12c_00003", config={"train_batch_size_per_learner": 4096, "lr": 6e-4,
-                                                            "rayrl_lr": 3e-4})
+    trial = SimpleNamespace(
+        trial_id="ab12c_00003", config={"train_batch_size_per_learner": 4096, "lr": 6e-4, "rayrl_lr": 3e-4}
+    )
     assert run_name(trial, "search") == "search_b4096_lr3.0e-04_ab12c_00003"
     trial.config = {"train_batch_size_per_learner": 2048, "lr": 1e-3}
     assert run_name(trial, "ladder") == "ladder_b2048_lr1.0e-03_ab12c_00003"
@@ -56,22 +67,43 @@ def test_run_name_says_phase_batch_lr():
 
 
 def test_rayrl_metrics_keeps_rayrl_keys_finite_numbers():
-    result = {keys.ITERATION: 3, keys.TIME_TOTAL: 12.5, "num_env_steps_sampled_lifetime": 3072,
-              "env_runners": {"episode_return_mean": 41.5, "num_episodes": 7},
-              "rayrl": {"env_steps_per_s": 812.0, "backend": "none", "loss_scale": math.nan, "num_learners": 0},
-              "learners": {"default_policy": {"total_loss": 1.0}}}
-    assert rayrl_metrics(result) == {"rayrl/env_steps": 3072.0, "rayrl/episode_return_mean": 41.5,
-                                     "rayrl/iteration": 3.0, "rayrl/time_total_s": 12.5,
-                                     "rayrl/env_steps_per_s": 812.0, "rayrl/num_learners": 0.0}
+    result = {
+        keys.ITERATION: 3,
+        keys.TIME_TOTAL: 12.5,
+        "num_env_steps_sampled_lifetime": 3072,
+        "env_runners": {"episode_return_mean": 41.5, "num_episodes": 7},
+        "rayrl": {"env_steps_per_s": 812.0, "backend": "none", "loss_scale": math.nan, "num_learners": 0},
+        "learners": {"default_policy": {"total_loss": 1.0}},
+    }
+    assert rayrl_metrics(result) == {
+        "rayrl/env_steps": 3072.0,
+        "rayrl/episode_return_mean": 41.5,
+        "rayrl/iteration": 3.0,
+        "rayrl/time_total_s": 12.5,
+        "rayrl/env_steps_per_s": 812.0,
+        "rayrl/num_learners": 0.0,
+    }
     flat = {"rayrl/env_steps_per_s": 5.0, "env_runners/episode_return_mean": 9.0}  # Tune's flattened form
     assert rayrl_metrics(flat) == {"rayrl/episode_return_mean": 9.0, "rayrl/env_steps_per_s": 5.0}
 
 
 def test_trial_params_are_the_trials_spec_values():
-    spec = S.from_dict({"algo": {"lr": 3e-4, "train_batch_per_learner": 2048, "minibatch_size": 256},
-                        "tracking": {"mlflow": {"tracking_uri": "http://127.0.0.1:5000"}}})
-    params = trial_params(spec, {"train_batch_size_per_learner": 4096, "minibatch_size": 512, "lr": 9e-4,
-                                 "rayrl_lr": 4.5e-4, "num_envs_per_env_runner": 99})
+    spec = S.from_dict(
+        {
+            "algo": {"lr": 3e-4, "train_batch_per_learner": 2048, "minibatch_size": 256},
+            "tracking": {"mlflow": {"tracking_uri": "http://127.0.0.1:5000"}},
+        }
+    )
+    params = trial_params(
+        spec,
+        {
+            "train_batch_size_per_learner": 4096,
+            "minibatch_size": 512,
+            "lr": 9e-4,
+            "rayrl_lr": 4.5e-4,
+            "num_envs_per_env_runner": 99,
+        },
+    )
     assert params["algo.train_batch_per_learner"] == 4096 and params["algo.minibatch_size"] == 512
     assert params["algo.lr"] == 4.5e-4 and params["env.id"] == "CartPole-v1"
     assert params["model.hidden"] == [64, 64] and params["search.doubling.start"] == 2048
@@ -81,16 +113,25 @@ def test_trial_params_are_the_trials_spec_values():
     assert params["algo.lr"] == pytest.approx(2e-4) and params["algo.entropy_coeff"] == 0.004
 
 
-@pytest.mark.parametrize("argv,words", [
-    (["export", "/no/such/run"], ["RUN_DIR", "/no/such/run", "not a run folder"]),
-    (["export", "{tmp}", "--format", "tf"], ["--format", "invalid choice", "onnx"]),
-    (["play", "{tmp}", "--episodes", "0"], ["--episodes", "0", "1 or more"]),
-    (["play", "{tmp}"], ["RUN_DIR", "pick one with --trial"]),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["export", "/no/such/run"], ["RUN_DIR", "/no/such/run", "not a run folder"]),
+        (["export", "{tmp}", "--format", "tf"], ["--format", "invalid choice", "onnx"]),
+        (["play", "{tmp}", "--episodes", "0"], ["--episodes", "0", "1 or more"]),
+        (["play", "{tmp}"], ["RUN_DIR", "pick one with --trial"]),
+    ],
+)
 def test_export_play_bad_input_exits_2_with_one_paragraph(tmp_path, argv, words):
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", *argv], env=subprocess_env(), cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", *argv],
+        env=subprocess_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert all(w in proc.stderr for w in words), proc.stderr
     assert "Traceback" not in proc.stderr and "\n\n" not in proc.stderr.strip()
@@ -104,9 +145,17 @@ def test_report_links_the_played_videos(tmp_path):
     assert "rayrl play" in report_lines(tmp_path)[0]  # no play.json yet: says how to make one
     (tmp_path / "video").mkdir()
     (tmp_path / "video" / "play-episode-0.mp4").write_bytes(b"\0" * 10)
-    (tmp_path / "play.json").write_text(json.dumps({
-        "trial_id": "abc_00000", "returns": [500.0, 480.0], "std": 14.1, "deterministic": True,
-        "videos": [str(tmp_path / "video" / "play-episode-0.mp4"), str(tmp_path / "gone.mp4")]}))
+    (tmp_path / "play.json").write_text(
+        json.dumps(
+            {
+                "trial_id": "abc_00000",
+                "returns": [500.0, 480.0],
+                "std": 14.1,
+                "deterministic": True,
+                "videos": [str(tmp_path / "video" / "play-episode-0.mp4"), str(tmp_path / "gone.mp4")],
+            }
+        )
+    )
     lines = report_lines(tmp_path)
     assert lines[0].startswith("Trial abc_00000, 2 episodes (deterministic actions): mean return 490.0, std 14.1")
     assert "- video: [play-episode-0.mp4](video/play-episode-0.mp4)" in lines
@@ -118,11 +167,17 @@ def test_export_and_play_are_documented_and_have_help(program):
     from test_readme import _commands_in_code_blocks
 
     assert program in {c[1] for c in _commands_in_code_blocks() if c[0] == "rayrl"}
-    top = subprocess.run([sys.executable, "-m", "rayrl.cli", "--help"], capture_output=True, text=True,
-                         env=subprocess_env(), timeout=120)
+    top = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", "--help"], capture_output=True, text=True, env=subprocess_env(), timeout=120
+    )
     assert program in top.stdout
-    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", program, "--help"], capture_output=True, text=True,
-                          env=subprocess_env(), timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", program, "--help"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=120,
+    )
     assert proc.returncode == 0 and f"usage: rayrl {program}" in proc.stdout and "RUN_DIR" in proc.stdout
 
 
@@ -131,8 +186,11 @@ def test_population_explore_stays_in_the_spec_ranges():
 
     spec = S.from_dict({"population": {"size": 4, "entropy_max": 0.01}, "search": {"lr_min": 1e-4, "lr_max": 1e-3}})
     clamp = Clamp(bounds(spec))
-    assert clamp({"lr": 1.2e-3, "entropy_coeff": 0.012, "gamma": 0.99}) == \
-        {"lr": 1e-3, "entropy_coeff": 0.01, "gamma": 0.99}
+    assert clamp({"lr": 1.2e-3, "entropy_coeff": 0.012, "gamma": 0.99}) == {
+        "lr": 1e-3,
+        "entropy_coeff": 0.01,
+        "gamma": 0.99,
+    }
     assert clamp({"lr": 0.8e-4, "entropy_coeff": 0.005}) == {"lr": 1e-4, "entropy_coeff": 0.005}
     with pytest.raises(S.SpecError, match="population.size: 1 is not a population"):
         S.from_dict({"population": {"size": 1}})
@@ -144,9 +202,21 @@ def test_a_population_run_is_judged_by_its_best_member(tmp_path):
 
     from rayrl.judge.folder import load, subject_history
 
-    rows = history_rows("m0", "train", 512, 3e-4, 6, 900.0, 100.0) + \
-        history_rows("m1", "train", 512, 6e-4, 6, 800.0, 300.0)
-    run = load(write_run(tmp_path / "pbt", kind="train", history=pd.DataFrame(rows), summary={
-        "kind": "train", "env_steps": 3072, "wall_s": 60.0, "population": {"size": 2, "best_trial_id": "m1"}}))
+    rows = history_rows("m0", "train", 512, 3e-4, 6, 900.0, 100.0) + history_rows(
+        "m1", "train", 512, 6e-4, 6, 800.0, 300.0
+    )
+    run = load(
+        write_run(
+            tmp_path / "pbt",
+            kind="train",
+            history=pd.DataFrame(rows),
+            summary={
+                "kind": "train",
+                "env_steps": 3072,
+                "wall_s": 60.0,
+                "population": {"size": 2, "best_trial_id": "m1"},
+            },
+        )
+    )
     judged = subject_history(run)
     assert list(judged["trial_id"].unique()) == ["m1"] and list(judged[keys.ITERATION]) == [1, 2, 3, 4, 5, 6]

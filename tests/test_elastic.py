@@ -8,8 +8,10 @@ P = Policy(cooldown_s=60.0, sustain=3)
 
 
 def run(utils, state, start=0.0, thr=None, policy=P) -> Decision:
-    samples = [Sample(t=start + 10.0 * i, util=u, env_steps_per_s=(thr or [1000.0] * len(utils))[i])
-               for i, u in enumerate(utils)]
+    samples = [
+        Sample(t=start + 10.0 * i, util=u, env_steps_per_s=(thr or [1000.0] * len(utils))[i])
+        for i, u in enumerate(utils)
+    ]
     return decide(samples, state, now=samples[-1].t, policy=policy)
 
 
@@ -21,17 +23,17 @@ def test_grow_above_85_percent_shrink_below_30_hold_between():
     # mean 0.217 -> ceil(8 x 0.217 / 0.575) = 4 = the 1/2x floor.
     assert (shrink.action, shrink.nodes) == ("shrink", 4)
     assert run([0.5, 0.6, 0.8], State(nodes=4)).action == "hold"
-    assert run([0.85, 0.85, 0.85], State(nodes=4)).action == "hold"   # at the threshold: not above it
+    assert run([0.85, 0.85, 0.85], State(nodes=4)).action == "hold"  # at the threshold: not above it
     assert run([0.30, 0.30, 0.30], State(nodes=4)).action == "hold"
 
 
 def test_never_more_than_2x_per_step():
-    assert run([1.0, 1.0, 1.0], State(nodes=4)).nodes == 7    # ideal 6.96 -> 7 <= 8
-    assert run([1.0, 1.0, 1.0], State(nodes=1)).nodes == 2    # ideal 2 = 2x
+    assert run([1.0, 1.0, 1.0], State(nodes=4)).nodes == 7  # ideal 6.96 -> 7 <= 8
+    assert run([1.0, 1.0, 1.0], State(nodes=1)).nodes == 2  # ideal 2 = 2x
     saturated = run([1.0] * 3, State(nodes=10), policy=Policy(cooldown_s=60, grow_above=0.5, shrink_below=0.05))
-    assert saturated.nodes == 20                               # ideal 37 capped at 2x
-    assert run([0.0, 0.0, 0.0], State(nodes=16)).nodes == 8    # ideal 1 capped at 1/2x
-    assert run([0.0, 0.0, 0.0], State(nodes=1)).action == "hold"   # min_nodes
+    assert saturated.nodes == 20  # ideal 37 capped at 2x
+    assert run([0.0, 0.0, 0.0], State(nodes=16)).nodes == 8  # ideal 1 capped at 1/2x
+    assert run([0.0, 0.0, 0.0], State(nodes=1)).action == "hold"  # min_nodes
     assert run([0.9] * 3, State(nodes=4), policy=Policy(cooldown_s=60, max_nodes=5)).nodes == 5
 
 
@@ -47,8 +49,8 @@ def test_cool_down_after_a_change_and_only_settled_samples_count():
 
 
 def test_hysteresis_needs_sustained_samples_and_keeps_the_projection_in_the_band():
-    assert run([0.9, 0.5, 0.9], State(nodes=4)).action == "hold"      # one dip breaks the streak
-    assert run([0.9, 0.9], State(nodes=4)).action == "hold"           # too few samples
+    assert run([0.9, 0.5, 0.9], State(nodes=4)).action == "hold"  # one dip breaks the streak
+    assert run([0.9, 0.9], State(nodes=4)).action == "hold"  # too few samples
     # A shrink aims at the band's middle: 10 nodes at 25% with band 0.28..0.32 -> ceil(10 x 0.25 / 0.30) = 9.
     tight = Policy(cooldown_s=60, grow_above=0.32, shrink_below=0.28)
     d = run([0.25] * 3, State(nodes=10), policy=tight)
@@ -65,10 +67,10 @@ def test_hysteresis_needs_sustained_samples_and_keeps_the_projection_in_the_band
 def test_a_grow_that_gains_under_15_percent_blocks_the_next_grow():
     first = run([0.9] * 3, State(nodes=2), thr=[1000.0] * 3)
     assert first.action == "grow" and first.state.grew_from_throughput == 1000.0
-    later = [Sample(100.0 + 10 * i, 0.95, 1100.0) for i in range(3)]   # +10% only
+    later = [Sample(100.0 + 10 * i, 0.95, 1100.0) for i in range(3)]  # +10% only
     blocked = decide(later, first.state, now=120.0, policy=P)
     assert blocked.action == "hold" and "gained less than 15%" in blocked.reason
-    paid = [Sample(100.0 + 10 * i, 0.95, 1800.0) for i in range(3)]    # +80%
+    paid = [Sample(100.0 + 10 * i, 0.95, 1800.0) for i in range(3)]  # +80%
     assert decide(paid, first.state, now=120.0, policy=P).action == "grow"
     # Low utilisation still shrinks a blocked cluster.
     low = [Sample(200.0 + 10 * i, 0.1, 1100.0) for i in range(3)]

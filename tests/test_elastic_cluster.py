@@ -18,12 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_autoscaling import STAND_IN, FakeCluster, _wait, fake_cluster  # noqa: F401 - the fixture
 
 from rayrl import runfolder
-from rayrl.observe import keys
 from rayrl.scale.autoscale import ElasticRunner, HistoryTail
 from rayrl.scale.elastic import Policy
-from test_autoscaling import STAND_IN, FakeCluster, _wait, fake_cluster  # noqa: F401 - the fixture
 
 
 def _append(run: Path, util: float, rows: int = 3) -> None:
@@ -41,13 +40,19 @@ def test_runner_applies_only_changes_and_logs_decisions(tmp_path: Path) -> None:
     run.mkdir()
     asked: list[int] = []
     clock = iter(float(t) for t in range(0, 1000, 10))
-    runner = ElasticRunner(HistoryTail(run), asked.append, Policy(cooldown_s=15, sustain=2), 1,
-                           run / "elastic.jsonl", clock=lambda: next(clock))
-    assert runner.step().action == "hold" and asked == [1]      # no history yet
+    runner = ElasticRunner(
+        HistoryTail(run),
+        asked.append,
+        Policy(cooldown_s=15, sustain=2),
+        1,
+        run / "elastic.jsonl",
+        clock=lambda: next(clock),
+    )
+    assert runner.step().action == "hold" and asked == [1]  # no history yet
     _append(run, 0.95)
     assert (runner.step().action, asked) == ("grow", [1, 2])
     _append(run, 0.95)
-    assert runner.step().action == "hold" and asked == [1, 2]   # cool-down
+    assert runner.step().action == "hold" and asked == [1, 2]  # cool-down
     runner.step()
     _append(run, 0.1)
     assert (runner.step().action, asked) == ("shrink", [1, 2, 1])
@@ -63,11 +68,35 @@ def test_high_utilisation_adds_a_node_and_low_removes_it(fake_cluster: FakeClust
     run.mkdir()
     log = (tmp_path / "runner.log").open("w")
     runner = subprocess.Popen(
-        [sys.executable, "-m", "rayrl.scale.autoscale", str(run), "--address", fc.gcs_address,
-         "--bundle", json.dumps({STAND_IN: 8}), "--start-nodes", "1", "--max-nodes", "2", "--interval", "1",
-         "--cooldown", "3", "--sustain", "2", "--duration", "240"],
-        env=fc.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "rayrl.scale.autoscale",
+            str(run),
+            "--address",
+            fc.gcs_address,
+            "--bundle",
+            json.dumps({STAND_IN: 8}),
+            "--start-nodes",
+            "1",
+            "--max-nodes",
+            "2",
+            "--interval",
+            "1",
+            "--cooldown",
+            "3",
+            "--sustain",
+            "2",
+            "--duration",
+            "240",
+        ],
+        env=fc.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
+
         def count(n: int):
             return lambda: len(fc.worker_nodes()) == n or runner.poll() is not None
 

@@ -3,8 +3,8 @@ hardening step in it makes `rayrl cluster validate` fail naming the key to fix."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import yaml
@@ -34,58 +34,132 @@ def _policy(docs: list[dict]) -> dict:
 def _start(key: str, old: str, new: str) -> Callable[[list[dict]], None]:
     def mutate(docs: list[dict]) -> None:
         docs[0][key] = [c.replace(old, new) for c in docs[0][key]]
+
     return mutate
 
 
 VARIANTS = [
     # launcher files: core dumps, public IPs
-    ("core-dumps-on", "local.yaml", _start("head_start_ray_commands", "ulimit -c 0", "ulimit -c unlimited"),
-     "head_start_ray_commands"),
-    ("worker-ports-left-to-ray", "gcp-gpu.yaml", _start("worker_start_ray_commands", " --node-manager-port=8077", ""),
-     "worker_start_ray_commands"),
-    ("client-port-left-to-ray", "gpu.yaml", _start("head_start_ray_commands", " --ray-client-server-port=10001", ""),
-     "head_start_ray_commands"),
-    ("docker-core-limit-missing", "gpu.yaml", lambda d: d[0]["docker"]["run_options"].remove("--ulimit core=0"),
-     "docker.run_options"),
-    ("gcp-external-ip", "gcp-gpu.yaml", lambda d: d[0]["available_node_types"]["gpu.a3"]["node_config"][
-        "networkInterfaces"][0].__setitem__("accessConfigs", [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]),
-     "available_node_types.gpu.a3.node_config.networkInterfaces"),
-    ("gcp-default-nic", "gcp-gpu.yaml", lambda d: d[0]["available_node_types"]["head.g2"]["node_config"].pop(
-        "networkInterfaces"), "available_node_types.head.g2.node_config.networkInterfaces"),
-    ("gcp-external-ips-used", "gcp-gpu.yaml", lambda d: d[0]["provider"].pop("use_internal_ips"),
-     "provider.use_internal_ips"),
+    (
+        "core-dumps-on",
+        "local.yaml",
+        _start("head_start_ray_commands", "ulimit -c 0", "ulimit -c unlimited"),
+        "head_start_ray_commands",
+    ),
+    (
+        "worker-ports-left-to-ray",
+        "gcp-gpu.yaml",
+        _start("worker_start_ray_commands", " --node-manager-port=8077", ""),
+        "worker_start_ray_commands",
+    ),
+    (
+        "client-port-left-to-ray",
+        "gpu.yaml",
+        _start("head_start_ray_commands", " --ray-client-server-port=10001", ""),
+        "head_start_ray_commands",
+    ),
+    (
+        "docker-core-limit-missing",
+        "gpu.yaml",
+        lambda d: d[0]["docker"]["run_options"].remove("--ulimit core=0"),
+        "docker.run_options",
+    ),
+    (
+        "gcp-external-ip",
+        "gcp-gpu.yaml",
+        lambda d: d[0]["available_node_types"]["gpu.a3"]["node_config"]["networkInterfaces"][0].__setitem__(
+            "accessConfigs", [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
+        ),
+        "available_node_types.gpu.a3.node_config.networkInterfaces",
+    ),
+    (
+        "gcp-default-nic",
+        "gcp-gpu.yaml",
+        lambda d: d[0]["available_node_types"]["head.g2"]["node_config"].pop("networkInterfaces"),
+        "available_node_types.head.g2.node_config.networkInterfaces",
+    ),
+    (
+        "gcp-external-ips-used",
+        "gcp-gpu.yaml",
+        lambda d: d[0]["provider"].pop("use_internal_ips"),
+        "provider.use_internal_ips",
+    ),
     # KubeRay: NetworkPolicy, pod labels, securityContext, GCS fault tolerance, RayJob retries
     ("no-network-policy", "kuberay/raycluster.yaml", lambda d: d.remove(_policy(d)), "NetworkPolicy"),
-    ("policy-admits-everyone", "kuberay/raycluster.yaml",
-     lambda d: _policy(d)["spec"]["ingress"].append({"from": [{"namespaceSelector": {}}]}), "spec.ingress[3]"),
-    ("policy-rule-without-from", "kuberay/rayjob.yaml",
-     lambda d: _policy(d)["spec"]["ingress"][2].pop("from"), "spec.ingress[2]"),
-    ("policy-selects-other-pods", "kuberay/raycluster.yaml",
-     lambda d: _policy(d)["spec"]["podSelector"]["matchLabels"].__setitem__("rayrl.io/cluster", "other"),
-     "NetworkPolicy"),
-    ("pod-unlabelled", "kuberay/raycluster.yaml",
-     lambda d: _cluster(d)["workerGroupSpecs"][0]["template"].pop("metadata"),
-     "spec.workerGroupSpecs[0].template.metadata.labels.rayrl.io/cluster"),
-    ("submitter-unlabelled", "kuberay/rayjob.yaml", lambda d: d[0]["spec"]["submitterPodTemplate"].pop("metadata"),
-     "spec.submitterPodTemplate.metadata.labels.rayrl.io/cluster"),
-    ("runs-as-root", "kuberay/raycluster.yaml", lambda d: _head(d)["securityContext"].__setitem__("runAsNonRoot", False),
-     "spec.headGroupSpec.template.spec.containers[0].securityContext.runAsNonRoot"),
-    ("privilege-escalation", "kuberay/rayjob.yaml",
-     lambda d: _head(d)["securityContext"].pop("allowPrivilegeEscalation"),
-     "spec.rayClusterSpec.headGroupSpec.template.spec.containers[0].securityContext.allowPrivilegeEscalation"),
-    ("writable-root", "kuberay/raycluster.yaml",
-     lambda d: _cluster(d)["workerGroupSpecs"][1]["template"]["spec"]["containers"][0]["securityContext"].__setitem__(
-         "readOnlyRootFilesystem", False),
-     "spec.workerGroupSpecs[1].template.spec.containers[0].securityContext.readOnlyRootFilesystem"),
-    ("capabilities-kept", "kuberay/raycluster.yaml", lambda d: _head(d)["securityContext"].pop("capabilities"),
-     "spec.headGroupSpec.template.spec.containers[0].securityContext.capabilities.drop"),
-    ("no-gcs-fault-tolerance", "kuberay/raycluster.yaml", lambda d: _cluster(d).pop("gcsFaultToleranceOptions"),
-     "spec.gcsFaultToleranceOptions.redisAddress"),
-    ("redis-password-inline", "kuberay/rayjob.yaml",
-     lambda d: _cluster(d)["gcsFaultToleranceOptions"].__setitem__("redisPassword", "hunter2"),
-     "spec.rayClusterSpec.gcsFaultToleranceOptions.redisPassword"),
-    ("rayjob-no-retries", "kuberay/rayjob.yaml", lambda d: d[0]["spec"].__setitem__("backoffLimit", 0),
-     "spec.backoffLimit"),
+    (
+        "policy-admits-everyone",
+        "kuberay/raycluster.yaml",
+        lambda d: _policy(d)["spec"]["ingress"].append({"from": [{"namespaceSelector": {}}]}),
+        "spec.ingress[3]",
+    ),
+    (
+        "policy-rule-without-from",
+        "kuberay/rayjob.yaml",
+        lambda d: _policy(d)["spec"]["ingress"][2].pop("from"),
+        "spec.ingress[2]",
+    ),
+    (
+        "policy-selects-other-pods",
+        "kuberay/raycluster.yaml",
+        lambda d: _policy(d)["spec"]["podSelector"]["matchLabels"].__setitem__("rayrl.io/cluster", "other"),
+        "NetworkPolicy",
+    ),
+    (
+        "pod-unlabelled",
+        "kuberay/raycluster.yaml",
+        lambda d: _cluster(d)["workerGroupSpecs"][0]["template"].pop("metadata"),
+        "spec.workerGroupSpecs[0].template.metadata.labels.rayrl.io/cluster",
+    ),
+    (
+        "submitter-unlabelled",
+        "kuberay/rayjob.yaml",
+        lambda d: d[0]["spec"]["submitterPodTemplate"].pop("metadata"),
+        "spec.submitterPodTemplate.metadata.labels.rayrl.io/cluster",
+    ),
+    (
+        "runs-as-root",
+        "kuberay/raycluster.yaml",
+        lambda d: _head(d)["securityContext"].__setitem__("runAsNonRoot", False),
+        "spec.headGroupSpec.template.spec.containers[0].securityContext.runAsNonRoot",
+    ),
+    (
+        "privilege-escalation",
+        "kuberay/rayjob.yaml",
+        lambda d: _head(d)["securityContext"].pop("allowPrivilegeEscalation"),
+        "spec.rayClusterSpec.headGroupSpec.template.spec.containers[0].securityContext.allowPrivilegeEscalation",
+    ),
+    (
+        "writable-root",
+        "kuberay/raycluster.yaml",
+        lambda d: _cluster(d)["workerGroupSpecs"][1]["template"]["spec"]["containers"][0][
+            "securityContext"
+        ].__setitem__("readOnlyRootFilesystem", False),
+        "spec.workerGroupSpecs[1].template.spec.containers[0].securityContext.readOnlyRootFilesystem",
+    ),
+    (
+        "capabilities-kept",
+        "kuberay/raycluster.yaml",
+        lambda d: _head(d)["securityContext"].pop("capabilities"),
+        "spec.headGroupSpec.template.spec.containers[0].securityContext.capabilities.drop",
+    ),
+    (
+        "no-gcs-fault-tolerance",
+        "kuberay/raycluster.yaml",
+        lambda d: _cluster(d).pop("gcsFaultToleranceOptions"),
+        "spec.gcsFaultToleranceOptions.redisAddress",
+    ),
+    (
+        "redis-password-inline",
+        "kuberay/rayjob.yaml",
+        lambda d: _cluster(d)["gcsFaultToleranceOptions"].__setitem__("redisPassword", "hunter2"),
+        "spec.rayClusterSpec.gcsFaultToleranceOptions.redisPassword",
+    ),
+    (
+        "rayjob-no-retries",
+        "kuberay/rayjob.yaml",
+        lambda d: d[0]["spec"].__setitem__("backoffLimit", 0),
+        "spec.backoffLimit",
+    ),
 ]
 
 
@@ -96,7 +170,8 @@ def test_shipped_config_passes_every_exposure_rule(file: str) -> None:
 
 @pytest.mark.parametrize("file, mutate, key", [v[1:] for v in VARIANTS], ids=[v[0] for v in VARIANTS])
 def test_reverting_one_hardening_step_fails_validation_naming_the_key(
-        tmp_path: Path, file: str, mutate: Callable, key: str) -> None:
+    tmp_path: Path, file: str, mutate: Callable, key: str
+) -> None:
     docs = _docs(file)
     mutate(docs)
     path = tmp_path / Path(file).name
@@ -107,6 +182,13 @@ def test_reverting_one_hardening_step_fails_validation_naming_the_key(
 
 def test_validate_help_lists_the_exposure_rules() -> None:
     text = cluster.build_parser()._subparsers._group_actions[0].choices["validate"].format_help()
-    for words in ("every port", "core", "external IP", "NetworkPolicy", "securityContext", "gcsFaultToleranceOptions",
-                  "backoffLimit"):
+    for words in (
+        "every port",
+        "core",
+        "external IP",
+        "NetworkPolicy",
+        "securityContext",
+        "gcsFaultToleranceOptions",
+        "backoffLimit",
+    ):
         assert words in text, words

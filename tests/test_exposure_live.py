@@ -7,8 +7,8 @@ import contextlib
 import os
 import re
 import shlex
-import signal
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +16,6 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-
 from conftest import RAY, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +27,7 @@ def head_command(config: str) -> tuple[str, dict[str, int]]:
     """The `ray start --head ...` part of the config's head start command, and the port variables it exports."""
     data = yaml.safe_load((ROOT / "cluster_configs" / config).read_text())
     text = " ".join(str(c) for c in data["head_start_ray_commands"])
-    return text[text.index("ray start --head"):].split(";")[0], {k: int(v) for k, v in PORT_ENV.findall(text)}
+    return text[text.index("ray start --head") :].split(";")[0], {k: int(v) for k, v in PORT_ENV.findall(text)}
 
 
 def named_ports(command: str) -> tuple[set[int], tuple[int, int]]:
@@ -88,7 +87,8 @@ def test_a_live_head_started_like_gpu_yaml_listens_only_on_named_ports(tmp_path:
 
     command = PORT_FLAG.sub(move, command).replace("--autoscaling-config=~/ray_bootstrap_config.yaml", "")
     command = command.replace(f"--min-worker-port={lo}", f"--min-worker-port={base}").replace(
-        f"--max-worker-port={hi}", f"--max-worker-port={base + hi - lo}")
+        f"--max-worker-port={hi}", f"--max-worker-port={base + hi - lo}"
+    )
     ports, (lo, hi) = named_ports(command)
     moved_env = {}
     for var in port_env:
@@ -98,8 +98,12 @@ def test_a_live_head_started_like_gpu_yaml_listens_only_on_named_ports(tmp_path:
         moved_env[var] = port
     ports |= set(moved_env.values())
     temp_dir = Path("/tmp") / f"rayrl-expo-{os.getpid()}"
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "token"),
-           **{k: str(v) for k, v in moved_env.items()}}
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(tmp_path / "token"),
+        **{k: str(v) for k, v in moved_env.items()},
+    }
     (tmp_path / "token").write_text("0123456789abcdef0123456789abcdef")
     argv = [RAY] + shlex.split(command)[1:] + ["--block", "--num-cpus=1", f"--temp-dir={temp_dir}"]
     log = open(tmp_path / "head.log", "w")
@@ -107,14 +111,14 @@ def test_a_live_head_started_like_gpu_yaml_listens_only_on_named_ports(tmp_path:
     try:
         deadline = time.monotonic() + 120
         seen: list[tuple[str, int, int]] = []
-        while time.monotonic() < deadline:   # wait until the dashboard, agents and client server are up
+        while time.monotonic() < deadline:  # wait until the dashboard, agents and client server are up
             seen = _listening(_session_pids(head.pid))
             names = {p for _, p, _ in seen}
             if ports <= names or head.poll() is not None:
                 break
             time.sleep(2)
         assert head.poll() is None, "the head exited: " + (tmp_path / "head.log").read_text()[-2000:]
-        time.sleep(5)                        # late listeners (idle workers) too
+        time.sleep(5)  # late listeners (idle workers) too
         seen = _listening(_session_pids(head.pid))
         exposed = {(ip, port) for ip, port, _ in seen if not ip.startswith("127.") and ip != "::1"}
         names = {port: _name(pid) for _, port, pid in seen}

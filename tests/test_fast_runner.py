@@ -44,8 +44,9 @@ def gae_for(cfg, env_runner):
     env = env_runner.env
     torch.manual_seed(123)  # one value function for both runners' episodes
     module = cfg.get_multi_rl_module_spec(env=env.unwrapped, spaces=env_runner.get_spaces()).build()
-    pipe = cfg.build_learner_connector(input_observation_space=env.single_observation_space,
-                                       input_action_space=env.single_action_space)
+    pipe = cfg.build_learner_connector(
+        input_observation_space=env.single_observation_space, input_action_space=env.single_action_space
+    )
     pipe.append(GeneralAdvantageEstimation(gamma=cfg.gamma, lambda_=cfg.lambda_))
 
     def run(eps):
@@ -62,10 +63,11 @@ def by_key(eps):
 
 # ---- pure: cutting a rollout into episodes --------------------------------------------------------
 
+
 def rollout(T, n=2):
     r = E.Rollout(n, (1,), np.float32, (), np.int64, {"action_logp": ((), np.float32)}, capacity=1)
     r.ensure(T)  # grown from 1: earlier steps survive a regrow (none here)
-    r["obs"][:T + 1, :, 0] = np.arange(T + 1)[:, None] * 10 + np.arange(n)
+    r["obs"][: T + 1, :, 0] = np.arange(T + 1)[:, None] * 10 + np.arange(n)
     r["actions"][:T] = 1
     r["rewards"][:T] = 1.0
     r.t = T
@@ -76,12 +78,14 @@ def test_build_cuts_at_ends_skips_autoreset_steps_and_continues_chunks():
     space = None
     r = rollout(5)
     r["terminated"][1, 0] = True  # env 0: steps 0-1 end it; step 2 resets; steps 3-4 a new episode
-    r["truncated"][4, 1] = True   # env 1: ends on the last step; the next rollout's step 0 resets it
+    r["truncated"][4, 1] = True  # env 1: ends on the last step; the next rollout's step 0 resets it
     carry = [E.Carry(), E.Carry()]
     first_ids = [c.id_ for c in carry]
     done, ongoing = E.build(r, carry, space, space)
-    assert [(len(e), e.is_terminated, e.is_truncated, e.id_ == first_ids[k]) for k, e in
-            zip((0, 1), done)] == [(2, True, False, True), (5, False, True, True)]
+    assert [(len(e), e.is_terminated, e.is_truncated, e.id_ == first_ids[k]) for k, e in zip((0, 1), done)] == [
+        (2, True, False, True),
+        (5, False, True, True),
+    ]
     assert list(done[0].get_observations()[:, 0]) == [0, 10, 20]  # the final obs kept (bootstrapping)
     (chunk,) = ongoing
     assert list(chunk.get_observations()[:, 0]) == [30, 40, 50] and chunk.t_started == 0 and not chunk.is_done
@@ -106,6 +110,7 @@ def test_build_orders_done_episodes_by_when_they_ended():
 
 # ---- the runner against RLlib's, in-process ---------------------------------------------------------
 
+
 def paired_rollouts(ref, fast, rollouts: int, steps: int, atol: float, extras=("action_logp",), extra_atol=1e-6):
     """Both runners from the same torch RNG stream: the same episodes (ends, observations, actions, rewards,
     ``extras``); yields each rollout's (RLlib's, fast) episodes for further checks."""
@@ -122,11 +127,11 @@ def paired_rollouts(ref, fast, rollouts: int, steps: int, atol: float, extras=("
             for get in ("get_observations", "get_actions", "get_rewards"):
                 np.testing.assert_allclose(getattr(x, get)(), getattr(y, get)(), rtol=0, atol=atol, err_msg=get)
             for col in extras:
-                np.testing.assert_allclose(x.get_extra_model_outputs(col), y.get_extra_model_outputs(col),
-                                           atol=extra_atol, err_msg=col)
+                np.testing.assert_allclose(
+                    x.get_extra_model_outputs(col), y.get_extra_model_outputs(col), atol=extra_atol, err_msg=col
+                )
         assert sum(len(e) for e in b) == sum(len(e) for e in a)
         yield a, b
-
 
 
 def test_fast_runner_samples_exactly_what_rllibs_runner_samples():
@@ -158,7 +163,8 @@ def test_fast_runner_samples_exactly_what_rllibs_runner_samples():
     ma, mb = ref.get_metrics(), fast.get_metrics()
     for key in ("episode_return_mean", "episode_len_mean", "num_env_steps_sampled_lifetime", "num_episodes"):
         assert float(ma[key].peek() if hasattr(ma[key], "peek") else ma[key]) == pytest.approx(
-            float(mb[key].peek() if hasattr(mb[key], "peek") else mb[key])), key
+            float(mb[key].peek() if hasattr(mb[key], "peek") else mb[key])
+        ), key
 
 
 @pytest.mark.parametrize("normalize_obs", [False, True])
@@ -177,7 +183,7 @@ def test_fast_runner_matches_rllib_on_mujoco_float64_observations_and_box_action
     assert fast.fast_off_reason is None
     assert fast.env.single_observation_space.dtype == np.float64
     fast.module.set_state(ref.module.get_state())
-    for a, b in paired_rollouts(ref, fast, 2, 256, 1e-5, extra_atol=1e-4):
+    for _a, b in paired_rollouts(ref, fast, 2, 256, 1e-5, extra_atol=1e-4):
         assert sum(len(e) for e in b) >= 256
     if normalize_obs:  # the filter's running stats (what RLlib merges across runners and checkpoints)
         fa = next(p for p in ref._env_to_module.connectors if type(p).__name__ == "MeanStdFilter")._filters[None]
@@ -185,8 +191,10 @@ def test_fast_runner_matches_rllib_on_mujoco_float64_observations_and_box_action
         assert fa.running_stats.n == fb.running_stats.n > 512
         np.testing.assert_allclose(fa.running_stats.mean, fb.running_stats.mean, atol=1e-9)
         np.testing.assert_allclose(fa.running_stats.std, fb.running_stats.std, atol=1e-9)
-        assert ref._env_to_module.get_state()["MeanStdFilter"][None]["running_stats"][0]["num_pushes"] == \
-            fast._env_to_module.get_state()["MeanStdFilter"][None]["running_stats"][0]["num_pushes"]
+        assert (
+            ref._env_to_module.get_state()["MeanStdFilter"][None]["running_stats"][0]["num_pushes"]
+            == fast._env_to_module.get_state()["MeanStdFilter"][None]["running_stats"][0]["num_pushes"]
+        )
 
 
 def build_hopper(normalize_obs: bool):
@@ -197,8 +205,18 @@ def build_hopper(normalize_obs: bool):
 
     torch.set_num_threads(1)
     path = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "mujoco_hopper_ppo.yaml"
-    return build_config(spec_mod.load(path, ["env.envs_per_runner=2", "env.runner=fast", f"model.normalize_obs={str(normalize_obs).lower()}",
-                                             "evaluation.interval=0", "env.config={max_episode_steps: 40}"]))
+    return build_config(
+        spec_mod.load(
+            path,
+            [
+                "env.envs_per_runner=2",
+                "env.runner=fast",
+                f"model.normalize_obs={str(normalize_obs).lower()}",
+                "evaluation.interval=0",
+                "env.config={max_episode_steps: 40}",
+            ],
+        )
+    )
 
 
 def test_fast_runner_falls_back_to_rllib_for_what_it_does_not_handle():
@@ -244,11 +262,14 @@ def test_envpool_backend_samples_cartpole_episodes():
     assert any(e.is_truncated for e in done) and any(e.is_terminated for e in done)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["env.runner=turbo"], "env.runner: 'turbo' is not valid"),
-    (["env.backend=envpool", "env.runner=rllib"], "EnvPool is stepped by the fast runner only"),
-    (["env.backend=envpool", "env.runner=fast", "env.id=HalfCheetah-v2"], "has no env 'HalfCheetah-v2'"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["env.runner=turbo"], "env.runner: 'turbo' is not valid"),
+        (["env.backend=envpool", "env.runner=rllib"], "EnvPool is stepped by the fast runner only"),
+        (["env.backend=envpool", "env.runner=fast", "env.id=HalfCheetah-v2"], "has no env 'HalfCheetah-v2'"),
+    ],
+)
 def test_spec_rejects_runner_and_backend_that_cannot_run(overrides, message):
     if "env.backend=envpool" in overrides and "env.runner=rllib" not in overrides:
         pytest.importorskip("envpool")
@@ -257,6 +278,7 @@ def test_spec_rejects_runner_and_backend_that_cannot_run(overrides, message):
 
 
 # ---- learning, end to end ---------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_ppo_learns_the_same_with_either_runner(ray_local):
@@ -267,8 +289,16 @@ def test_ppo_learns_the_same_with_either_runner(ray_local):
 
     curves = {}
     for runner in ("rllib", "fast"):
-        cfg = build_config(load([f"env.runner={runner}", "algo.train_batch_per_learner=1024",
-                                 "algo.minibatch_size=128", "resources.env_runners=1"]))
+        cfg = build_config(
+            load(
+                [
+                    f"env.runner={runner}",
+                    "algo.train_batch_per_learner=1024",
+                    "algo.minibatch_size=128",
+                    "resources.env_runners=1",
+                ]
+            )
+        )
         cfg.env_runners(gym_env_vectorize_mode="vector_entry_point")  # the env the fast runner takes itself
         algo = cfg.build_algo()
         try:

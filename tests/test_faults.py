@@ -22,18 +22,31 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from rayrl.observe import keys
-from rayrl.faults import harness as drill_harness, restore
-from rayrl.judge import acceptance, evaluation, report, folder
-from rayrl import spec as S
 from conftest import ROOT, subprocess_env
+
+from rayrl import spec as S
+from rayrl.faults import harness as drill_harness
+from rayrl.faults import restore
+from rayrl.judge import acceptance, evaluation, folder, report
+from rayrl.observe import keys
 
 pytestmark = pytest.mark.slow
 
 CONFIG = str(ROOT / "experiments" / "configs" / "cartpole_ppo.yaml")
-TINY = ["--set", "algo.train_batch_per_learner=512", "--set", "algo.minibatch_size=128", "--set", "algo.epochs=2",
-        "--set", "env.envs_per_runner=4", "--set", "stop.episode_return=null", "--set", "stop.wall_s=null"]
+TINY = [
+    "--set",
+    "algo.train_batch_per_learner=512",
+    "--set",
+    "algo.minibatch_size=128",
+    "--set",
+    "algo.epochs=2",
+    "--set",
+    "env.envs_per_runner=4",
+    "--set",
+    "stop.episode_return=null",
+    "--set",
+    "stop.wall_s=null",
+]
 RECOVERY_S_MAX = 300.0  # the source guide's acceptance figure: recovery < 5 minutes
 TRAIN = [sys.executable, "-m", "rayrl.cli", "train", "--config", CONFIG, *TINY]
 DRILL = [sys.executable, "-m", "rayrl.cli", "drill"]
@@ -60,8 +73,11 @@ def figure(text: str) -> None:
 
 
 def digest(root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
-            if p.is_file() and not str(p.relative_to(root)).startswith(skip)}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not str(p.relative_to(root)).startswith(skip)
+    }
 
 
 def run(cmd: list[str], timeout: int, **env: str) -> subprocess.CompletedProcess:
@@ -78,8 +94,26 @@ def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
 def train_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished tiny `rayrl train` run: 8 iterations, a checkpoint every 2, the newest 2 kept."""
     storage = tmp_path_factory.mktemp("runs")
-    ok(run([*TRAIN, "--storage", str(storage), "--name", "train", "--num-cpus", "2", "--set", "stop.env_steps=4096",
-            "--set", "checkpoint.every=2", "--set", "checkpoint.keep=2"], timeout=600))
+    ok(
+        run(
+            [
+                *TRAIN,
+                "--storage",
+                str(storage),
+                "--name",
+                "train",
+                "--num-cpus",
+                "2",
+                "--set",
+                "stop.env_steps=4096",
+                "--set",
+                "checkpoint.every=2",
+                "--set",
+                "checkpoint.keep=2",
+            ],
+            timeout=600,
+        )
+    )
     return storage / "train"
 
 
@@ -92,10 +126,17 @@ def drilled(train_run: Path) -> dict:
     proc = run([*DRILL, str(train_run)], timeout=1200)
     wall = time.monotonic() - start
     data = json.loads((train_run / "drill.json").read_text()) if (train_run / "drill.json").exists() else {}
-    figure(f"rayrl drill on a train run took {wall:.0f}s: "
-           + "; ".join(f"{d['name']} {d['outcome']} in {d['recovery_s']}s" for d in data.get("drills", [])))
-    return {"proc": proc, "data": data, "before": before,
-            "after": digest(train_run, skip=("drills/", "drill.json")), "wall_s": wall}
+    figure(
+        f"rayrl drill on a train run took {wall:.0f}s: "
+        + "; ".join(f"{d['name']} {d['outcome']} in {d['recovery_s']}s" for d in data.get("drills", []))
+    )
+    return {
+        "proc": proc,
+        "data": data,
+        "before": before,
+        "after": digest(train_run, skip=("drills/", "drill.json")),
+        "wall_s": wall,
+    }
 
 
 def by_name(drilled: dict, name: str) -> dict:
@@ -123,16 +164,22 @@ def test_drill_writes_drill_json_and_leaves_the_run_untouched(drilled, train_run
     assert proc.stdout.rstrip().splitlines()[-1].startswith("rayrl drill: env_runner recovered in")
     # the drills trained scratch copies under RUN_DIR/drills; the run itself is byte-identical
     assert drilled["after"] == drilled["before"]
-    assert sorted(p.name for p in (train_run / "drills").iterdir() if p.is_dir()) == ["driver", "env_runner",
-                                                                                       "storage", "trial"]
+    assert sorted(p.name for p in (train_run / "drills").iterdir() if p.is_dir()) == [
+        "driver",
+        "env_runner",
+        "storage",
+        "trial",
+    ]
     scratch = S.load(train_run / "drills" / "trial" / "spec.yaml")
     assert scratch.algo.train_batch_per_learner == drill_harness.BATCH and scratch.name == "trial"
 
 
 def test_env_runner_death_is_survived_and_counted(drilled):
     d = by_name(drilled, "env_runner")
-    figure(f"EnvRunner killed at iteration {d['killed_at_iteration']}: back (restarted, resynced, "
-           f"{d['restarts']} restart counted) in {d['recovery_s']}s")
+    figure(
+        f"EnvRunner killed at iteration {d['killed_at_iteration']}: back (restarted, resynced, "
+        f"{d['restarts']} restart counted) in {d['recovery_s']}s"
+    )
     assert d["outcome"] == "recovered" and 0 < d["recovery_s"] < RECOVERY_S_MAX
     assert d["restarts"] >= 1 and d["trial_failures"] == 0  # RLlib restarted the runner; Tune saw no failure
     assert d["final_iteration"] >= d["killed_at_iteration"] + drill_harness.AFTER_RECOVERY  # training went on
@@ -140,8 +187,10 @@ def test_env_runner_death_is_survived_and_counted(drilled):
 
 def test_trial_death_retries_from_the_latest_checkpoint(drilled):
     d = by_name(drilled, "trial")
-    figure(f"trial actor killed at iteration {d['killed_at_iteration']}: retried from the checkpoint of iteration "
-           f"{d['resumed_from_checkpoint_iteration']} in {d['recovery_s']}s")
+    figure(
+        f"trial actor killed at iteration {d['killed_at_iteration']}: retried from the checkpoint of iteration "
+        f"{d['resumed_from_checkpoint_iteration']} in {d['recovery_s']}s"
+    )
     assert d["outcome"] == "recovered" and 0 < d["recovery_s"] < RECOVERY_S_MAX
     assert d["retries"] == 1
     # counters continue from the checkpoint, not from zero
@@ -152,8 +201,10 @@ def test_trial_death_retries_from_the_latest_checkpoint(drilled):
 
 def test_driver_death_of_rayrl_train_resumes_from_a_checkpoint(drilled):
     d = by_name(drilled, "driver")
-    figure(f"`rayrl train` killed -9 at iteration {d['killed_at_iteration']}: the same command trains again "
-           f"{d['recovery_s']}s after it starts (whole rerun {d['rerun_s']}s)")
+    figure(
+        f"`rayrl train` killed -9 at iteration {d['killed_at_iteration']}: the same command trains again "
+        f"{d['recovery_s']}s after it starts (whole rerun {d['rerun_s']}s)"
+    )
     assert d["outcome"] == "recovered" and 0 < d["recovery_s"] < RECOVERY_S_MAX
     assert d["exit_status"] == 0 and "problems" not in d
     assert 1 < d["first_iteration_after"] <= d["killed_at_iteration"] + 1
@@ -162,9 +213,11 @@ def test_driver_death_of_rayrl_train_resumes_from_a_checkpoint(drilled):
 
 def test_storage_refusing_uploads_does_not_stall_training_and_every_checkpoint_lands(drilled):
     d = by_name(drilled, "storage")
-    figure(f"storage refused uploads for {d['outage_s']}s: {d['results_during_outage']} iterations trained meanwhile, "
-           f"{d['upload_failures']} failed upload attempts retried; all {d['checkpoints_in_storage']} checkpoints "
-           f"intact in storage {d['recovery_s']}s after it came back")
+    figure(
+        f"storage refused uploads for {d['outage_s']}s: {d['results_during_outage']} iterations trained meanwhile, "
+        f"{d['upload_failures']} failed upload attempts retried; all {d['checkpoints_in_storage']} checkpoints "
+        f"intact in storage {d['recovery_s']}s after it came back"
+    )
     assert d["outcome"] == "recovered" and 0 < d["recovery_s"] < RECOVERY_S_MAX
     assert d["results_during_outage"] >= 2 and d["upload_failures"] >= 1
     assert d["checkpoints_in_storage"] >= d["checkpoints_registered"] and d["corrupt"] == []
@@ -176,9 +229,11 @@ def test_every_kept_checkpoint_restores_and_plays(drilled, train_run):
     kept = restore.kept_checkpoints(train_run)
     assert len(kept) == 2  # checkpoint.keep
     assert [r["checkpoint"] for r in data["restores"]] == [str(p.relative_to(train_run)) for p in kept]
-    figure(f"restore rate {data['restore_rate']:.0%} of {len(kept)} checkpoints; restore times "
-           f"{[r['restore_s'] for r in data['restores']]} s, episode returns "
-           f"{[r['episode_return'] for r in data['restores']]}")
+    figure(
+        f"restore rate {data['restore_rate']:.0%} of {len(kept)} checkpoints; restore times "
+        f"{[r['restore_s'] for r in data['restores']]} s, episode returns "
+        f"{[r['episode_return'] for r in data['restores']]}"
+    )
     assert data["restore_rate"] == 1.0
     for r in data["restores"]:
         assert r["ok"] and r["episode_len"] >= 1 and r["episode_return"] == r["episode_len"]  # CartPole: +1/step
@@ -201,25 +256,63 @@ def test_report_reads_drill_json(drilled, train_run, tmp_path):
 # The sweep's driver killed in phase 2
 
 
-SWEEP_TINY = ["--set", "search.doubling.start=512", "--set", "search.doubling.cap=1024",
-              "--set", "search.doubling.warmup_iters=0", "--set", "search.doubling.measure_iters=1",
-              "--set", "search.num_samples=2", "--set", "search.max_env_steps=2048",
-              "--set", "search.grace_env_steps=2048", "--set", "resources.env_runners=0", "--set", "checkpoint.every=2",
-              "--set", "search.min_batch=512", "--set", "search.confirm_top_k=0"]
+SWEEP_TINY = [
+    "--set",
+    "search.doubling.start=512",
+    "--set",
+    "search.doubling.cap=1024",
+    "--set",
+    "search.doubling.warmup_iters=0",
+    "--set",
+    "search.doubling.measure_iters=1",
+    "--set",
+    "search.num_samples=2",
+    "--set",
+    "search.max_env_steps=2048",
+    "--set",
+    "search.grace_env_steps=2048",
+    "--set",
+    "resources.env_runners=0",
+    "--set",
+    "checkpoint.every=2",
+    "--set",
+    "search.min_batch=512",
+    "--set",
+    "search.confirm_top_k=0",
+]
 
 
 def test_driver_death_during_sweep_phase2_resumes_without_rerunning(tmp_path):
     storage = tmp_path / "runs"
-    ok(run([sys.executable, str(ROOT / "experiments" / "sweep.py"), "--config", CONFIG, *TINY, *SWEEP_TINY,
-            "--storage", str(storage), "--name", "sweep", "--num-cpus", "2"], timeout=600))
+    ok(
+        run(
+            [
+                sys.executable,
+                str(ROOT / "experiments" / "sweep.py"),
+                "--config",
+                CONFIG,
+                *TINY,
+                *SWEEP_TINY,
+                "--storage",
+                str(storage),
+                "--name",
+                "sweep",
+                "--num-cpus",
+                "2",
+            ],
+            timeout=600,
+        )
+    )
     sweep = storage / "sweep"
     before = digest(sweep)
     proc = ok(run([*DRILL, str(sweep), "--only", "driver"], timeout=900))
     data = json.loads((sweep / "drill.json").read_text())
     d = data["drills"][0]
-    figure(f"sweep driver killed -9 in {d['killed_at']}: the same command trains again {d['recovery_s']}s after "
-           f"it starts (whole rerun {d['rerun_s']}s); restore rate {data['restore_rate']:.0%} of "
-           f"{len(data['restores'])}")
+    figure(
+        f"sweep driver killed -9 in {d['killed_at']}: the same command trains again {d['recovery_s']}s after "
+        f"it starts (whole rerun {d['rerun_s']}s); restore rate {data['restore_rate']:.0%} of "
+        f"{len(data['restores'])}"
+    )
     assert d["name"] == "driver" and d["kind"] == "sweep" and d["outcome"] == "recovered", proc.stdout
     assert 0 < d["recovery_s"] < RECOVERY_S_MAX and d["exit_status"] == 0
     assert d["finished_before_kill"] >= 1 and d["finished_trials_rerun"] == 0 and d["phase1_kept"] is True
@@ -260,21 +353,35 @@ def test_node_death_is_survived_on_a_three_node_cluster(train_run, tmp_path):
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
     env = subprocess_env(**auth)
     env.pop("RAY_AUTH_TOKEN", None)
-    head = subprocess.Popen([sys.executable, "-c", CLUSTER], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    head = subprocess.Popen(
+        [sys.executable, "-c", CLUSTER],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         address = head.stdout.readline().strip()
         assert address, "the cluster did not start"
-        proc = subprocess.run([*DRILL, str(run_dir), "--only", "node", "--no-restore", "--address", address],
-                              env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+        proc = subprocess.run(
+            [*DRILL, str(run_dir), "--only", "node", "--no-restore", "--address", address],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=ROOT,
+        )
     finally:
         os.killpg(head.pid, signal.SIGKILL)
         head.wait()
     ok(proc)
     data = json.loads((run_dir / "drill.json").read_text())
     node = next(d for d in data["drills"] if d["name"] == "node")
-    figure(f"worker node killed (hosting {', '.join(node['hosted'])}) at iteration {node['killed_at_iteration']}: "
-           f"training back in {node['recovery_s']}s")
+    figure(
+        f"worker node killed (hosting {', '.join(node['hosted'])}) at iteration {node['killed_at_iteration']}: "
+        f"training back in {node['recovery_s']}s"
+    )
     assert "[drill] cluster: 3 node(s)" in proc.stdout
     assert node["outcome"] == "recovered" and 0 < node["recovery_s"] < RECOVERY_S_MAX
     assert "SingleAgentEnvRunner" in node["hosted"] or "PPO" in node["hosted"]
@@ -303,18 +410,44 @@ def _kill_on_new_checkpoint(proc: subprocess.Popen, trial_glob: Path, index: int
 
 def test_kill_during_a_checkpoint_write_leaves_a_resumable_run(tmp_path, ray_local):
     storage = tmp_path / "runs"
-    cmd = [*TRAIN, "--storage", str(storage), "--name", "ckpt", "--num-cpus", "2", "--set", "stop.env_steps=6144",
-           "--set", "checkpoint.every=1", "--set", "checkpoint.keep=2", "--set", "resources.env_runners=0"]
+    cmd = [
+        *TRAIN,
+        "--storage",
+        str(storage),
+        "--name",
+        "ckpt",
+        "--num-cpus",
+        "2",
+        "--set",
+        "stop.env_steps=6144",
+        "--set",
+        "checkpoint.every=1",
+        "--set",
+        "checkpoint.keep=2",
+        "--set",
+        "resources.env_runners=0",
+    ]
     run_dir = storage / "ckpt"
-    first = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True, cwd=ROOT)
+    first = subprocess.Popen(
+        cmd,
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=ROOT,
+    )
     killed = _kill_on_new_checkpoint(first, run_dir / "tune" / "PPO_*", 3, time.monotonic() + 300)
     assert killed, "no fourth checkpoint appeared within 300 s"
-    complete = sorted(str(p.relative_to(killed["dir"].parent / "checkpoint_000002"))
-                      for p in (killed["dir"].parent / "checkpoint_000002").rglob("*") if p.is_file())
+    complete = sorted(
+        str(p.relative_to(killed["dir"].parent / "checkpoint_000002"))
+        for p in (killed["dir"].parent / "checkpoint_000002").rglob("*")
+        if p.is_file()
+    )
     caught = len(killed["files_at_kill"]) < len(complete)
-    figure(f"killed while checkpoint_000003 was being written: {len(killed['files_at_kill'])} of {len(complete)} "
-           f"files on disk ({'a torn checkpoint' if caught else 'the copy had just finished'})")
+    figure(
+        f"killed while checkpoint_000003 was being written: {len(killed['files_at_kill'])} of {len(complete)} "
+        f"files on disk ({'a torn checkpoint' if caught else 'the copy had just finished'})"
+    )
     # Whatever the race gave, leave the torn state a kill mid-copy leaves: the newest checkpoint folder
     # holding a prefix of its files, the rest cut short.
     torn = killed["dir"]
@@ -348,8 +481,19 @@ def test_a_torn_experiment_state_is_repaired_from_the_kept_copy_else_a_clear_err
     Tune would then restart the run with no trial and wait forever. rayrl keeps a whole copy and puts it
     back (the torn file kept beside it); without that copy it says what happened, exits 2, changes nothing."""
     storage = tmp_path / "runs"
-    cmd = [*TRAIN, "--storage", str(storage), "--name", "torn", "--num-cpus", "2", "--set", "stop.env_steps=1024",
-           "--set", "resources.env_runners=0"]
+    cmd = [
+        *TRAIN,
+        "--storage",
+        str(storage),
+        "--name",
+        "torn",
+        "--num-cpus",
+        "2",
+        "--set",
+        "stop.env_steps=1024",
+        "--set",
+        "resources.env_runners=0",
+    ]
     ok(run(cmd, timeout=600))
     state = sorted((storage / "torn" / "tune").glob("experiment_state-*.json"))[-1]
     kept = state.with_name(".rayrl-good-" + state.name)

@@ -16,27 +16,33 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-
-from rayrl.cluster import cli as cluster
-from rayrl.faults import drill
-from rayrl.judge import doctor, evaluation, report, folder
-from rayrl import spec as S
-from rayrl.judge.folder import RunFolderError
-from rayrl.errors import SpecError
-
-from conftest import ROOT
 from test_report import write_run
 
+from rayrl import spec as S
+from rayrl.cluster import cli as cluster
+from rayrl.errors import SpecError
+from rayrl.faults import drill
+from rayrl.judge import doctor, evaluation, folder, report
+from rayrl.judge.folder import RunFolderError
+
 # No shrink phase: shrinking a run-folder failure took minutes; the failing example is printed as drawn.
-FUZZ = settings(deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate],
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 def fuzz(examples: int) -> settings:
     """Reproducible (derandomized) settings with ``examples`` examples."""
     return settings(FUZZ, max_examples=examples)
+
+
 CONFIGS = sorted((ROOT / "experiments" / "configs").glob("*.yaml"))
 CLUSTER_FILES = sorted((ROOT / "cluster_configs").rglob("*.yaml"))
 FIELDS = [name for name, _, _ in S.field_table()]
@@ -48,14 +54,45 @@ KNOWN = set(FIELDS) | {f.rsplit(".", 1)[0] for f in FIELDS if "." in f} | {"spec
 # Import paths ('package.module:function') for env.id and hooks; names of at most 5 letters cannot spell a
 # stdlib module with a visible side effect on import (antigravity).
 import_paths = st.from_regex(r"\A\.{0,2}[a-z_]{0,5}(\.[a-z_]{0,3})?:[a-z_]{0,4}\Z")
-leaves = (import_paths | st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.integers()
-          | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)
-          | st.sampled_from(["PPO", "APPO", "fp16", "asha", "CartPole-v1", "1e-4", "nan", ".x:y", "os:sep",
-                             "-1", "10**400", "", "  ", "~", "null", str(10**400), 10**400, -10**400]))
-keys = st.sampled_from(sorted({f.split(".")[-1] for f in FIELDS} | {f.split(".")[0] for f in FIELDS})) \
-    | st.text(max_size=8) | st.integers(-3, 3)
-trees = st.recursive(leaves, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(keys, kids, max_size=5),
-                     max_leaves=24)
+leaves = (
+    import_paths
+    | st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12)
+    | st.sampled_from(
+        [
+            "PPO",
+            "APPO",
+            "fp16",
+            "asha",
+            "CartPole-v1",
+            "1e-4",
+            "nan",
+            ".x:y",
+            "os:sep",
+            "-1",
+            "10**400",
+            "",
+            "  ",
+            "~",
+            "null",
+            str(10**400),
+            10**400,
+            -(10**400),
+        ]
+    )
+)
+keys = (
+    st.sampled_from(sorted({f.split(".")[-1] for f in FIELDS} | {f.split(".")[0] for f in FIELDS}))
+    | st.text(max_size=8)
+    | st.integers(-3, 3)
+)
+trees = st.recursive(
+    leaves, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(keys, kids, max_size=5), max_leaves=24
+)
 
 
 def nest(flat: dict[str, object]) -> dict:
@@ -117,8 +154,7 @@ def names_a_field(exc: SpecError, data: object) -> bool:
     """The message starts with the field it is about: a spec field or section, or a key of the input."""
     text = str(exc)
     named = KNOWN | set(paths_of(data)[1:])  # [1:]: not the root itself; a key may be '' though
-    return any(text.startswith(f"{p}:") for p in named) \
-        or text.startswith(("--set", "--config"))
+    return any(text.startswith(f"{p}:") for p in named) or text.startswith(("--set", "--config"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,10 +194,25 @@ def test_mutated_shipped_configs_only_raise_spec_error_naming_the_field(data):
 
 
 @fuzz(100)
-@given(st.lists(st.text(max_size=24) | st.sampled_from(["algo.lr=1e-4", "algo=3", "algo.lr.x=1", "=1", "a..b=1",
-                                                          "model.hidden=[1,", "stop={}", "env.id=!!python/none"]),
-                max_size=4),
-       st.binary(max_size=200) | st.text(max_size=200))
+@given(
+    st.lists(
+        st.text(max_size=24)
+        | st.sampled_from(
+            [
+                "algo.lr=1e-4",
+                "algo=3",
+                "algo.lr.x=1",
+                "=1",
+                "a..b=1",
+                "model.hidden=[1,",
+                "stop={}",
+                "env.id=!!python/none",
+            ]
+        ),
+        max_size=4,
+    ),
+    st.binary(max_size=200) | st.text(max_size=200),
+)
 def test_spec_files_and_overrides_only_raise_spec_error(tmp_path, overrides, content):
     path = tmp_path / "spec.yaml"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -201,8 +252,7 @@ def test_cluster_validate_on_arbitrary_bytes(tmp_path, content):
 # ---------------------------------------------------------------------------------------------
 # Damaged run folders: folder.load, the report, the doctor and the notebooks' loading functions
 
-RUN_FILES = ("spec.yaml", "summary.json", "history.csv", "doubling.csv", "trials.csv", "best_config.yaml",
-             "drill.json")
+RUN_FILES = ("spec.yaml", "summary.json", "history.csv", "doubling.csv", "trials.csv", "best_config.yaml", "drill.json")
 DRILL = {"drills": [{"name": "env_runner", "outcome": "recovered", "recovery_s": 6.0}], "restore_rate": 1.0}
 
 
@@ -216,7 +266,7 @@ def damage(root: Path, data: st.DataObject) -> None:
         if how == "delete":
             path.unlink(missing_ok=True)
         elif how == "truncate":
-            path.write_text(text[:int(data.draw(st.floats(0, 1)) * len(text))])
+            path.write_text(text[: int(data.draw(st.floats(0, 1)) * len(text))])
         elif how == "garbage":
             path.write_bytes(data.draw(st.binary(max_size=120)))
         elif how == "tree":
@@ -230,7 +280,8 @@ def damage(root: Path, data: st.DataObject) -> None:
                 row = data.draw(st.integers(0, 10**6)) % len(lines)
                 cells = lines[row].split(",")
                 cells[data.draw(st.integers(0, 10**6)) % len(cells)] = data.draw(
-                    st.sampled_from(["", "nan", "inf", "-1", "x", "1e400", '"', "stop"]))
+                    st.sampled_from(["", "nan", "inf", "-1", "x", "1e400", '"', "stop"])
+                )
                 lines[row] = ",".join(cells)
             path.write_text("\n".join(lines) + "\n")
         else:  # a JSON or YAML file: edit values inside it
@@ -244,8 +295,11 @@ def damage(root: Path, data: st.DataObject) -> None:
 
 
 def digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def notebook_reads(run: folder.RunFolder) -> None:
@@ -360,7 +414,7 @@ def test_cli_misuse_exits_2_with_one_paragraph_and_leaves_results_untouched(earl
         assert expected in " ".join(text.split()), (program, argv, text)  # wrapped at 100 columns
         assert "Traceback" not in text, (program, argv, text)
         # one paragraph: argparse's usage block may precede it, but the error itself is one block
-        error = text[text.index("error"):] if "error" in text else text
+        error = text[text.index("error") :] if "error" in text else text
         assert "\n\n" not in error.strip(), (program, argv, text)
         assert digest(earlier_run.parent) == before, (program, argv, "changed the earlier run folder")
 

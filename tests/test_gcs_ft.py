@@ -28,20 +28,36 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 import pytest
 import yaml
-
 from conftest import RAY, ROOT, free_port, ray_head, submit_job, subprocess_env, wait_for_jobs_api
 
 CONFIG = ROOT / "experiments" / "configs" / "cartpole_ppo.yaml"
 DOWN_S = 15  # how long the GCS stays down: well under Ray's 60 s reconnect timeout (raylet, workers)
-TRAIN = ["--set", "algo.train_batch_per_learner=512", "--set", "algo.minibatch_size=128", "--set", "algo.epochs=1",
-         "--set", "env.envs_per_runner=4", "--set", "stop.episode_return=null", "--set", "stop.wall_s=null",
-         "--set", "stop.env_steps=25600", "--set", "checkpoint.every=5", "--set", "checkpoint.keep=3"]
+TRAIN = [
+    "--set",
+    "algo.train_batch_per_learner=512",
+    "--set",
+    "algo.minibatch_size=128",
+    "--set",
+    "algo.epochs=1",
+    "--set",
+    "env.envs_per_runner=4",
+    "--set",
+    "stop.episode_return=null",
+    "--set",
+    "stop.wall_s=null",
+    "--set",
+    "stop.env_steps=25600",
+    "--set",
+    "checkpoint.every=5",
+    "--set",
+    "checkpoint.keep=3",
+]
 
 
 def _redis_call(port: int, *args: str):
@@ -71,12 +87,30 @@ def _redis(tmp_path: Path) -> Iterator[int]:
     """redis-server on 127.0.0.1 (no persistence), in its own process group; yields its port."""
     server = shutil.which("redis-server")
     if not server:
-        pytest.skip("redis-server is not installed (apt-get install redis-server); "
-                    "the GCS fault-tolerance test needs a Redis to keep the GCS's state")
+        pytest.skip(
+            "redis-server is not installed (apt-get install redis-server); "
+            "the GCS fault-tolerance test needs a Redis to keep the GCS's state"
+        )
     port = free_port()
-    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path)], cwd=tmp_path, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -115,15 +149,19 @@ def _iterations(history: Path) -> list[int]:
     """training_iteration of every complete row of history.csv (a row being appended is skipped)."""
     try:
         with history.open(newline="") as f:
-            return [int(row["training_iteration"]) for row in csv.DictReader(f)
-                    if (row.get("training_iteration") or "").isdigit() and row.get("precision")]
+            return [
+                int(row["training_iteration"])
+                for row in csv.DictReader(f)
+                if (row.get("training_iteration") or "").isdigit() and row.get("precision")
+            ]
     except FileNotFoundError:
         return []
 
 
 def _job_status(dashboard: str, job_id: str, env: dict) -> str:
-    proc = subprocess.run([RAY, "job", "status", "--address", dashboard, job_id], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [RAY, "job", "status", "--address", dashboard, job_id], env=env, capture_output=True, text=True, timeout=60
+    )
     said = proc.stdout + proc.stderr
     ended = re.search(r"Job '\w+' (succeeded|failed|stopped)", said)  # how the CLI words a finished job
     running = re.search(r"Status for job '\w+': (\w+)", said)
@@ -132,8 +170,9 @@ def _job_status(dashboard: str, job_id: str, env: dict) -> str:
 
 def _restart_gcs(cmdline: list[str], environ: dict, cwd: str) -> subprocess.Popen:
     """Start the GCS again exactly as Ray started it (same flags: port, session, Redis; same environment)."""
-    return subprocess.Popen(cmdline, env=environ, cwd=cwd, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        cmdline, env=environ, cwd=cwd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def _logs(temp_dir: Path, *names: str) -> str:
@@ -161,9 +200,26 @@ def test_training_goes_on_across_a_gcs_restart_with_redis(tmp_path):
             assert f"--redis_port={redis_port}" in gcs.cmdline(), gcs.cmdline()  # FT is on, on our Redis
 
             wait_for_jobs_api(head.dashboard, env, "the head")
-            submit = [RAY, "job", "submit", "--no-wait", "--address", head.dashboard, "--",
-                      sys.executable, "-m", "rayrl.cli", "train", "--config", str(CONFIG), "--storage", str(storage),
-                      "--name", "gcsft", *TRAIN]
+            submit = [
+                RAY,
+                "job",
+                "submit",
+                "--no-wait",
+                "--address",
+                head.dashboard,
+                "--",
+                sys.executable,
+                "-m",
+                "rayrl.cli",
+                "train",
+                "--config",
+                str(CONFIG),
+                "--storage",
+                str(storage),
+                "--name",
+                "gcsft",
+                *TRAIN,
+            ]
             proc = submit_job(submit, env, timeout=120, cwd=ROOT)
             assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
             job_id = re.search(r"raysubmit_\w+", proc.stdout + proc.stderr).group(0)
@@ -198,16 +254,24 @@ def test_training_goes_on_across_a_gcs_restart_with_redis(tmp_path):
                         break
                     time.sleep(2)
                 done = _iterations(history)
-                figures = (f"GCS down {down_s:.1f} s; iterations: {at_kill} at the kill, {len(at_restart)} at the "
-                           f"restart, {len(done)} at the end; first new one "
-                           + (f"{first_after:.1f} s after the restart" if first_after is not None else "never"))
+                figures = (
+                    f"GCS down {down_s:.1f} s; iterations: {at_kill} at the kill, {len(at_restart)} at the "
+                    f"restart, {len(done)} at the end; first new one "
+                    + (f"{first_after:.1f} s after the restart" if first_after is not None else "never")
+                )
                 print(figures)
                 alive = _alive(raylet) and restarted.poll() is None
-                assert status == "SUCCEEDED", (f"job {status}; {figures}; raylet and new GCS alive: {alive}\n"
-                                               + _logs(head.temp_dir, "gcs_server.err", "raylet.err")
-                                               + subprocess.run([RAY, "job", "logs", "--address", head.dashboard,
-                                                                 job_id], env=env, capture_output=True, text=True,
-                                                                timeout=60).stdout[-3000:])
+                assert status == "SUCCEEDED", (
+                    f"job {status}; {figures}; raylet and new GCS alive: {alive}\n"
+                    + _logs(head.temp_dir, "gcs_server.err", "raylet.err")
+                    + subprocess.run(
+                        [RAY, "job", "logs", "--address", head.dashboard, job_id],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        timeout=60,
+                    ).stdout[-3000:]
+                )
                 # The outage mattered: the job was still training when the GCS came back, and went on after it.
                 assert at_restart and at_restart[-1] < done[-1], figures
                 assert first_after is not None, figures

@@ -15,17 +15,30 @@ PACKAGE = ROOT / "rayrl"
 #: and any module of a lower layer; never a higher one, nor another package of its own layer.
 LAYERS = {
     "rayrl.errors": 0,
-    "rayrl.args": 1, "rayrl.extras": 1, "rayrl.runfolder": 1, "rayrl.security": 1,
+    "rayrl.args": 1,
+    "rayrl.extras": 1,
+    "rayrl.runfolder": 1,
+    "rayrl.security": 1,
     "rayrl.spec": 2,
-    "rayrl.storage": 3, "rayrl.envs": 3, "rayrl.faults.watchdog": 3,
+    "rayrl.storage": 3,
+    "rayrl.envs": 3,
+    "rayrl.faults.watchdog": 3,
     "rayrl.sampling": 3,
-    "rayrl.observe": 4, "rayrl.runtime": 4, "rayrl.faults.preemption": 4,
-    "rayrl.track": 5, "rayrl.policy": 5,
+    "rayrl.observe": 4,
+    "rayrl.runtime": 4,
+    "rayrl.faults.preemption": 4,
+    "rayrl.track": 5,
+    "rayrl.policy": 5,
     "rayrl.rllib": 6,
     "rayrl.tune": 7,
-    "rayrl.sweep": 8, "rayrl.train": 8, "rayrl.judge": 8,
-    "rayrl.scale": 9, "rayrl.faults": 9, "rayrl.cluster": 9,
-    "rayrl.cli": 10, "rayrl": 10,
+    "rayrl.sweep": 8,
+    "rayrl.train": 8,
+    "rayrl.judge": 8,
+    "rayrl.scale": 9,
+    "rayrl.faults": 9,
+    "rayrl.cluster": 9,
+    "rayrl.cli": 10,
+    "rayrl": 10,
 }
 
 
@@ -69,7 +82,7 @@ def test_no_import_cycle_between_modules():
 
     def visit(m: str, stack: list[str]) -> None:
         if m in stack:
-            raise AssertionError(f"import cycle: {' -> '.join(stack[stack.index(m):] + [m])}")
+            raise AssertionError(f"import cycle: {' -> '.join(stack[stack.index(m) :] + [m])}")
         if m in done:
             return
         for dep in graph[m]:
@@ -98,20 +111,22 @@ def test_the_judge_never_imports_the_sweep_or_ray():
     import subprocess
     import sys
 
-    code = ("import sys; import rayrl.judge.report, rayrl.judge.doctor, rayrl.judge.folder; "
-            "print(sorted(m for m in sys.modules if m.startswith(('rayrl.sweep', 'rayrl.tune.tuner', 'ray.', "
-            "'rllib', 'torch')) or m == 'ray'))")
+    code = (
+        "import sys; import rayrl.judge.report, rayrl.judge.doctor, rayrl.judge.folder; "
+        "print(sorted(m for m in sys.modules if m.startswith(('rayrl.sweep', 'rayrl.tune.tuner', 'ray.', "
+        "'rllib', 'torch')) or m == 'ray'))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
 
 
 def test_readme_layout_names_every_module():
     readme = (ROOT / "README.md").read_text()
-    block = readme[readme.index("## Layout"):]
-    block = block[:block.index("\n## ") if "\n## " in block else len(block)]
+    block = readme[readme.index("## Layout") :]
+    block = block[: block.index("\n## ") if "\n## " in block else len(block)]
     named = set(re.findall(r"\b([a-z_]+\.py)\b", block)) | set(re.findall(r"\b([a-z_]+)/", block))
     missing = []
-    for module, path in MODULES.items():
+    for _module, path in MODULES.items():
         if path.name == "__init__.py":
             if path.parent != PACKAGE and path.parent.name not in named:
                 missing.append(f"{path.parent.name}/")

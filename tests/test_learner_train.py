@@ -78,8 +78,10 @@ def test_cartpole_return_rises_in_low_precision(ray_local, mode):
 def test_one_nonfinite_step_is_skipped_counted_for_life_and_training_goes_on(ray_local):
     # Minibatches of 100 from ~200-step batches: 2-3 optimizer steps per iteration; the hook
     # poisons the learner's 4th minibatch (step 3), which falls in the second iteration.
-    algorithm = build({"loss_hook": f"{HERE}:nan_loss_at_3"},
-                      algo={"train_batch_per_learner": 200, "minibatch_size": 100, "epochs": 1})
+    algorithm = build(
+        {"loss_hook": f"{HERE}:nan_loss_at_3"},
+        algo={"train_batch_per_learner": 200, "minibatch_size": 100, "epochs": 1},
+    )
     try:
         counts, moved, steps, minibatches = [], [], [], []
         for _ in range(4):
@@ -102,10 +104,12 @@ def test_one_nonfinite_step_is_skipped_counted_for_life_and_training_goes_on(ray
 @pytest.mark.parametrize("name", ["PPO", "APPO"])
 def test_consecutive_nonfinite_steps_fail_the_run_with_the_causes(ray_local, name):
     # APPO learns in a learner thread: the failure must surface from train(), not hang it.
-    algorithm = build({"loss_hook": f"{HERE}:nan_always"},
-                      algo={"name": name, "train_batch_per_learner": 200, "minibatch_size": 100, "epochs": 1},
-                      resources={"env_runners": 0 if name == "PPO" else 1},
-                      precision={"max_nonfinite_steps": 3})
+    algorithm = build(
+        {"loss_hook": f"{HERE}:nan_always"},
+        algo={"name": name, "train_batch_per_learner": 200, "minibatch_size": 100, "epochs": 1},
+        resources={"env_runners": 0 if name == "PPO" else 1},
+        precision={"max_nonfinite_steps": 3},
+    )
     start = module_weights(algorithm)
     try:
         with pytest.raises(Exception) as info:
@@ -122,8 +126,9 @@ def test_consecutive_nonfinite_steps_fail_the_run_with_the_causes(ray_local, nam
 
 @pytest.mark.slow
 def test_fp16_loss_scale_survives_an_algorithm_checkpoint(ray_local, tmp_path):
-    sections = dict(algo={"train_batch_per_learner": 200, "minibatch_size": 50, "epochs": 2},
-                    precision={"mode": "fp16"})
+    sections = dict(
+        algo={"train_batch_per_learner": 200, "minibatch_size": 50, "epochs": 2}, precision={"mode": "fp16"}
+    )
     algorithm = build({"fp16_init_scale": 8.0, "fp16_growth_interval": 1}, **sections)
     try:
         scale = algorithm.train()["rayrl"]["loss_scale"]

@@ -17,8 +17,9 @@ from ray.rllib.core.columns import Columns
 from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-from rayrl.rllib import algo, learner as L
 from rayrl.errors import SpecError
+from rayrl.rllib import algo
+from rayrl.rllib import learner as L
 from rayrl.spec import from_dict
 
 MID = "default_policy"
@@ -26,6 +27,7 @@ HERE = __name__  # hooks below are named as 'module:function', like a user's wou
 
 
 # ---- hooks injected through learner_config_dict["loss_hook"] -------------------------------------
+
 
 def nan_loss_at_2(loss: torch.Tensor, *, module_id: str, step: int) -> torch.Tensor:
     return loss * float("nan") if step == 2 else loss
@@ -71,21 +73,36 @@ class SGDPPOLearner(L.RayrlPPOLearner):
 
     def configure_optimizers_for_module(self, module_id, config=None):
         params = self.get_parameters(self._module[module_id])
-        self.register_optimizer(module_id=module_id, optimizer=torch.optim.SGD(params, lr=config.lr),
-                                params=params, lr_or_lr_schedule=config.lr)
+        self.register_optimizer(
+            module_id=module_id,
+            optimizer=torch.optim.SGD(params, lr=config.lr),
+            params=params,
+            lr_or_lr_schedule=config.lr,
+        )
 
 
 # ---- helpers -----------------------------------------------------------------------------------
 
+
 def make_learner(precision="fp32", K=1, grad_clip=0.0, lr=0.05, learner_cls=None, kl_loss=True, **settings):
-    spec = from_dict({
-        "algo": {"train_batch_per_learner": 64, "minibatch_size": 16, "epochs": 1, "lr": lr,
-                 "grad_clip": grad_clip},
-        "model": {"hidden": [32, 32]},
-        "resources": {"env_runners": 0},
-        "precision": {"mode": precision, "accumulation_steps": K,
-                      "max_nonfinite_steps": settings.pop("max_nonfinite_steps", 10)},
-    })
+    spec = from_dict(
+        {
+            "algo": {
+                "train_batch_per_learner": 64,
+                "minibatch_size": 16,
+                "epochs": 1,
+                "lr": lr,
+                "grad_clip": grad_clip,
+            },
+            "model": {"hidden": [32, 32]},
+            "resources": {"env_runners": 0},
+            "precision": {
+                "mode": precision,
+                "accumulation_steps": K,
+                "max_nonfinite_steps": settings.pop("max_nonfinite_steps", 10),
+            },
+        }
+    )
     config = algo.build_config(spec)
     config.learners(learner_config_dict=settings)
     config.training(use_kl_loss=kl_loss)
@@ -133,11 +150,13 @@ def update(learner, batch, minibatch):
 
 def adam_state(learner) -> dict:
     opt = learner.get_optimizer(MID)
-    return {i: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()}
-            for i, s in enumerate(opt.state.values())}
+    return {
+        i: {k: v.clone() if torch.is_tensor(v) else v for k, v in s.items()} for i, s in enumerate(opt.state.values())
+    }
 
 
 # ---- gradient accumulation ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("learner_cls", [SGDPPOLearner, None], ids=["sgd", "adam"])
 def test_k2_accumulation_equals_one_step_on_double_minibatch(learner_cls):
@@ -199,10 +218,13 @@ def test_k2_over_four_minibatches_takes_two_steps():
 
 # ---- gradient clipping -------------------------------------------------------------------------
 
+
 def test_clipping_bounds_the_update_and_reports_the_preclip_norm():
     batch = make_batch(32, seed=3)
-    free, clipped = make_learner(grad_clip=0.0, learner_cls=SGDPPOLearner), \
-        make_learner(grad_clip=0.1, learner_cls=SGDPPOLearner)
+    free, clipped = (
+        make_learner(grad_clip=0.0, learner_cls=SGDPPOLearner),
+        make_learner(grad_clip=0.1, learner_cls=SGDPPOLearner),
+    )
     same_start(free, clipped)
     start = weights(free)
     r_free, r_clip = update(free, batch, 32), update(clipped, batch, 32)
@@ -217,6 +239,7 @@ def test_clipping_bounds_the_update_and_reports_the_preclip_norm():
 
 # ---- the non-finite guard ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("hook", ["nan_loss_at_2", "inf_loss_at_2", "nan_grad_at_2"])
 def test_nonfinite_step_is_skipped_counted_and_training_goes_on(hook):
     lrn = make_learner(loss_hook=f"{HERE}:{hook}")
@@ -229,8 +252,11 @@ def test_nonfinite_step_is_skipped_counted_and_training_goes_on(hook):
     counts.append(stat(r, L.NONFINITE_STEPS))
     assert max_diff(weights(lrn), before_w) == 0.0
     after_opt = adam_state(lrn)
-    assert all(torch.equal(torch.as_tensor(after_opt[i][k]), torch.as_tensor(before_opt[i][k]))
-               for i in before_opt for k in before_opt[i])
+    assert all(
+        torch.equal(torch.as_tensor(after_opt[i][k]), torch.as_tensor(before_opt[i][k]))
+        for i in before_opt
+        for k in before_opt[i]
+    )
     assert stat(r, L.OPTIMIZER_STEPS) == 0
     assert lrn._rayrl_streak[MID] == 1
     r = update(lrn, batch, 32)  # step 3: normal again
@@ -250,9 +276,17 @@ def test_n_consecutive_nonfinite_steps_fail_with_the_likely_causes():
     with pytest.raises(L.NonFiniteTrainingError) as info:
         update(lrn, batch, 32)
     msg = str(info.value)
-    for part in ("3 consecutive", "'default_policy'", "learning rate is too high", "lr=0.05",
-                 "reward scale", "clipping", "algo.grad_clip=0.0", "max_nonfinite_steps=3",
-                 "restores the last good checkpoint"):
+    for part in (
+        "3 consecutive",
+        "'default_policy'",
+        "learning rate is too high",
+        "lr=0.05",
+        "reward scale",
+        "clipping",
+        "algo.grad_clip=0.0",
+        "max_nonfinite_steps=3",
+        "restores the last good checkpoint",
+    ):
         assert part in msg, part
     assert max_diff(weights(lrn), start) == 0.0
 
@@ -268,8 +302,7 @@ def test_a_good_step_resets_the_consecutive_count():
 def test_fp16_overflow_is_the_scalers_business_until_the_scale_reaches_one():
     # NaN gradients with a finite loss under fp16: at scale 16, 8, 4, 2 they count as overflows
     # (scale backs off); at scale 1 they are real, and N=3 of them fail the trial.
-    lrn = make_learner("fp16", loss_hook=f"{HERE}:nan_grad_always", max_nonfinite_steps=3,
-                       fp16_init_scale=16.0)
+    lrn = make_learner("fp16", loss_hook=f"{HERE}:nan_grad_always", max_nonfinite_steps=3, fp16_init_scale=16.0)
     batch = make_batch(32)
     start = weights(lrn)
     overflow, nonfinite, scales = 0.0, 0.0, []
@@ -287,8 +320,8 @@ def test_fp16_overflow_is_the_scalers_business_until_the_scale_reaches_one():
 
 # ---- precision ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16),
-                                        ("fp16", torch.float16)])
+
+@pytest.mark.parametrize("mode,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_forward_runs_in_the_chosen_precision(mode, dtype):
     lrn = make_learner(mode)
     seen = []
@@ -317,8 +350,11 @@ def test_check_precision_names_the_device_problem(monkeypatch):
     assert L.check_precision("bf16", "cpu") is torch.bfloat16
     assert L.check_precision("fp16", "cpu") is torch.float16
     monkeypatch.setattr(torch.amp.autocast_mode, "is_autocast_available", lambda device_type: False)
-    with pytest.raises(SpecError, match=r"precision.mode: 'bf16' is not supported on this learner's device "
-                                        r"\(cpu\): torch has no autocast"):
+    with pytest.raises(
+        SpecError,
+        match=r"precision.mode: 'bf16' is not supported on this learner's device "
+        r"\(cpu\): torch has no autocast",
+    ):
         L.check_precision("bf16", "cpu")
 
 
@@ -331,25 +367,35 @@ def test_check_precision_refuses_a_silent_fp32_fallback(monkeypatch):
 
 # ---- settings ----------------------------------------------------------------------------------
 
+
 def test_learner_settings_carry_the_spec():
-    spec = from_dict({"algo": {"grad_clip": 0.5}, "resources": {"env_runners": 0},
-                      "precision": {"mode": "bf16", "accumulation_steps": 4, "max_nonfinite_steps": 7}})
+    spec = from_dict(
+        {
+            "algo": {"grad_clip": 0.5},
+            "resources": {"env_runners": 0},
+            "precision": {"mode": "bf16", "accumulation_steps": 4, "max_nonfinite_steps": 7},
+        }
+    )
     s = L.learner_settings(spec)
     assert s["precision"] == "bf16" and s["accumulation_steps"] == 4
     assert s["grad_clip"] == 0.5 and s["max_nonfinite_steps"] == 7
     assert L.LearnerSettings.from_config(s) == L.LearnerSettings(
-        precision="bf16", accumulation_steps=4, grad_clip=0.5, max_nonfinite_steps=7)
+        precision="bf16", accumulation_steps=4, grad_clip=0.5, max_nonfinite_steps=7
+    )
     assert algo.build_config(spec).learner_config_dict["grad_clip"] == 0.5
 
 
-@pytest.mark.parametrize("bad,match", [
-    ({"precision": "fp8"}, r"\['precision'\].*'fp8' is not valid; valid: fp32, bf16, fp16"),
-    ({"accumulation_steps": 0}, r"\['accumulation_steps'\]: 0 .* integer >= 1"),
-    ({"accumulation_steps": 2.5}, r"\['accumulation_steps'\]: 2.5"),
-    ({"grad_clip": -1.0}, r"\['grad_clip'\]: -1.0 .* >= 0"),
-    ({"max_nonfinite_steps": 0}, r"\['max_nonfinite_steps'\]: 0"),
-    ({"loss_hook": "no_such_module_xyz:f"}, r"\['loss_hook'\]: 'no_such_module_xyz:f' cannot be imported"),
-])
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"precision": "fp8"}, r"\['precision'\].*'fp8' is not valid; valid: fp32, bf16, fp16"),
+        ({"accumulation_steps": 0}, r"\['accumulation_steps'\]: 0 .* integer >= 1"),
+        ({"accumulation_steps": 2.5}, r"\['accumulation_steps'\]: 2.5"),
+        ({"grad_clip": -1.0}, r"\['grad_clip'\]: -1.0 .* >= 0"),
+        ({"max_nonfinite_steps": 0}, r"\['max_nonfinite_steps'\]: 0"),
+        ({"loss_hook": "no_such_module_xyz:f"}, r"\['loss_hook'\]: 'no_such_module_xyz:f' cannot be imported"),
+    ],
+)
 def test_bad_settings_raise_spec_errors_naming_the_key(bad, match):
     with pytest.raises(SpecError, match=match):
         L.LearnerSettings.from_config(bad)
@@ -365,14 +411,19 @@ def test_learner_class_per_algorithm_and_unknown_name():
 
 # ---- the benchmark's smoke mode ----------------------------------------------------------------
 
+
 def test_precision_benchmark_quick_mode_prints_and_writes_figures(tmp_path, capsys):
     import json
 
     from benchmarks import precision as bench
 
     out = tmp_path / "precision.json"
-    assert bench.main(["--quick", "--rounds", "1", "--warmup", "0", "--batch", "256", "--out", str(out),
-                       "--devices", "cpu"]) == 0
+    assert (
+        bench.main(
+            ["--quick", "--rounds", "1", "--warmup", "0", "--batch", "256", "--out", str(out), "--devices", "cpu"]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
     res = report["results"]["cpu"]

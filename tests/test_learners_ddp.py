@@ -34,13 +34,15 @@ def learner_facts(algorithm) -> list[tuple]:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fp32", "bf16", "fp16"])
 def test_two_cpu_learners_keep_equal_weights(ray_local, mode):
-    spec = from_dict({
-        "seed": 3, "env": {"envs_per_runner": 4},
-        "algo": {"train_batch_per_learner": PER_LEARNER, "minibatch_size": MINIBATCH, "epochs": EPOCHS,
-                 "lr": 1e-3},
-        "resources": {"env_runners": 0, "learners": 2},
-        "precision": {"mode": mode, "accumulation_steps": K},
-    })
+    spec = from_dict(
+        {
+            "seed": 3,
+            "env": {"envs_per_runner": 4},
+            "algo": {"train_batch_per_learner": PER_LEARNER, "minibatch_size": MINIBATCH, "epochs": EPOCHS, "lr": 1e-3},
+            "resources": {"env_runners": 0, "learners": 2},
+            "precision": {"mode": mode, "accumulation_steps": K},
+        }
+    )
     algorithm = rayrl_algo.build_config(spec).build_algo()
     try:
         start = learner_weights(algorithm)

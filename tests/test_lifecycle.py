@@ -6,15 +6,14 @@ import copy
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
+from conftest import ROOT
 
 from rayrl.cluster.cli import validate_file
 from rayrl.cluster.storage_rules import ARCHIVE_DAY, HOT_DAYS, validate_lifecycle
-
-from conftest import ROOT
 
 STORAGE = ROOT / "cluster_configs" / "storage"
 
@@ -27,8 +26,11 @@ def _load(name: str) -> dict:
 def test_shipped_lifecycle_files_are_valid_and_follow_the_guide(name):
     assert validate_file(STORAGE / name) == []
     doc = _load(name)
-    days = ([t["Days"] for t in doc["Rules"][0]["Transitions"]] if "Rules" in doc
-            else [r["condition"]["age"] for r in doc["rule"] if r["action"]["type"] == "SetStorageClass"])
+    days = (
+        [t["Days"] for t in doc["Rules"][0]["Transitions"]]
+        if "Rules" in doc
+        else [r["condition"]["age"] for r in doc["rule"] if r["action"]["type"] == "SetStorageClass"]
+    )
     assert days == [HOT_DAYS, ARCHIVE_DAY] == [7, 37]
 
 
@@ -49,16 +51,20 @@ S3_BREAKS: list[tuple[Callable[[dict], None], str]] = [
 ]
 GCS_BREAKS: list[tuple[Callable[[dict], None], str]] = [
     (lambda d: d["rule"][1]["condition"].update(age=60), "is day 60"),
-    (lambda d: d["rule"].append({"action": {"type": "Delete"}, "condition": {"age": 30, "matchesPrefix": ["r/"]}}),
-     "Delete at age 30 deletes runs"),
+    (
+        lambda d: d["rule"].append({"action": {"type": "Delete"}, "condition": {"age": 30, "matchesPrefix": ["r/"]}}),
+        "Delete at age 30 deletes runs",
+    ),
     (lambda d: d["rule"].pop(2), "no AbortIncompleteMultipartUpload"),
     (lambda d: d["rule"][0]["condition"].pop("matchesPrefix"), "rule.0.condition: no matchesPrefix"),
     (lambda d: d["rule"][0]["action"].update(storageClass="ARCHIVE"), "is not colder than ARCHIVE"),
 ]
 
 
-@pytest.mark.parametrize("name, mutate, words", [("s3-lifecycle.json", m, w) for m, w in S3_BREAKS]
-                         + [("gcs-lifecycle.json", m, w) for m, w in GCS_BREAKS])
+@pytest.mark.parametrize(
+    "name, mutate, words",
+    [("s3-lifecycle.json", m, w) for m, w in S3_BREAKS] + [("gcs-lifecycle.json", m, w) for m, w in GCS_BREAKS],
+)
 def test_broken_lifecycle_variants_are_named(name, mutate, words):
     doc = copy.deepcopy(_load(name))
     mutate(doc)
@@ -71,7 +77,11 @@ def test_cluster_validate_exits_2_on_a_bad_lifecycle_file(tmp_path: Path):
     doc["rule"][0]["condition"]["age"] = 30
     bad = tmp_path / "gcs.json"
     bad.write_text(json.dumps(doc))
-    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", "cluster", "validate", str(bad), str(STORAGE)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", "cluster", "validate", str(bad), str(STORAGE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "the first transition (warm) is day 30" in proc.stderr
     assert f"OK {STORAGE / 's3-lifecycle.json'}" in proc.stdout and "Traceback" not in proc.stderr

@@ -10,8 +10,8 @@ from collections import namedtuple
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import free_port
+
 from rayrl.observe import hardware, keys, metrics
 from rayrl.observe.cost import TrialResources
 from rayrl.tune.tuner import trial_dirname
@@ -28,8 +28,11 @@ class FakePsutil:
     def __init__(self):
         self.cpu = CpuTimes(100, 0, 0, 100, 0, 0, 0, 0, 0, 0)
         self.nics = {"eth0": Nic(0, 0), "lo": Nic(0, 0), "wlan0": Nic(0, 0)}
-        self.stats = {"eth0": IfStats(True, 2, 1000, 1500, "up"), "lo": IfStats(True, 0, 0, 65536, "up,loopback"),
-                      "wlan0": IfStats(True, 0, 0, 1500, "up")}  # speed unknown
+        self.stats = {
+            "eth0": IfStats(True, 2, 1000, 1500, "up"),
+            "lo": IfStats(True, 0, 0, 65536, "up,loopback"),
+            "wlan0": IfStats(True, 0, 0, 1500, "up"),
+        }  # speed unknown
 
     def cpu_times(self):
         return self.cpu
@@ -85,8 +88,8 @@ def test_sampler_arithmetic_with_fake_hardware():
     assert out["cpu_util"] == pytest.approx(0.75)
     assert out["mem_util"] == pytest.approx(0.42)
     assert out["net_util"] == pytest.approx(25_000_000 * 8 / 1e9)  # 0.2 of the link; lo, unknown speed ignored
-    assert out["gpu_util"] == pytest.approx(0.70)                    # mean of 90% and 50%
-    assert out["gpu_mem_util"] == pytest.approx(0.80)                # the fuller GPU
+    assert out["gpu_util"] == pytest.approx(0.70)  # mean of 90% and 50%
+    assert out["gpu_mem_util"] == pytest.approx(0.80)  # the fuller GPU
     s.sample()
     assert nvml.inits == 1  # NVML opened once per sampler
 
@@ -150,21 +153,40 @@ class FakeGauge:
 def test_publisher_sets_finite_numbers_tagged_by_experiment_and_trial():
     made = []
     p = metrics.Publisher("exp", "t1", gauge=lambda *a, **k: made.append(FakeGauge(*a, **k)) or made[-1])
-    result = {"env_runners": {"episode_return_mean": 37.5},
-              "rayrl": {"env_steps_per_s": 1234.0, "global_batch": 512, "nonfinite_steps": 0.0,
-                        "loss_scale": math.nan, "cpu_util": 0.5, "backend": "none"}}
+    result = {
+        "env_runners": {"episode_return_mean": 37.5},
+        "rayrl": {
+            "env_steps_per_s": 1234.0,
+            "global_batch": 512,
+            "nonfinite_steps": 0.0,
+            "loss_scale": math.nan,
+            "cpu_util": 0.5,
+            "backend": "none",
+        },
+    }
     published = p.publish(result)
-    assert published == {keys.ENV_STEPS_PER_S: 1234.0, keys.GLOBAL_BATCH: 512.0, keys.EPISODE_RETURN: 37.5,
-                         keys.NONFINITE_STEPS: 0.0, keys.CPU_UTIL: 0.5}
+    assert published == {
+        keys.ENV_STEPS_PER_S: 1234.0,
+        keys.GLOBAL_BATCH: 512.0,
+        keys.EPISODE_RETURN: 37.5,
+        keys.NONFINITE_STEPS: 0.0,
+        keys.CPU_UTIL: 0.5,
+    }
     by_name = {g.name: g for g in made}
     assert len(by_name) == len(metrics.GAUGES) and all(g.tags == {"experiment": "exp", "trial": "t1"} for g in made)
     assert by_name["rayrl_env_steps_per_s"].values == [1234.0] and by_name["rayrl_loss_scale"].values == []
 
 
 def fake_algorithm(trial_info=None, learner_config_dict=None, trial_resources=None):
-    config = SimpleNamespace(num_learners=0, num_cpus_per_learner="auto", num_gpus_per_learner=0,
-                             num_cpus_for_main_process=1, num_env_runners=2, num_cpus_per_env_runner=1,
-                             learner_config_dict=learner_config_dict or {})
+    config = SimpleNamespace(
+        num_learners=0,
+        num_cpus_per_learner="auto",
+        num_gpus_per_learner=0,
+        num_cpus_for_main_process=1,
+        num_env_runners=2,
+        num_cpus_per_env_runner=1,
+        learner_config_dict=learner_config_dict or {},
+    )
     return SimpleNamespace(config=config, _trial_info=trial_info, trial_id="default", trial_resources=trial_resources)
 
 
@@ -175,33 +197,40 @@ def test_trial_tags_inside_and_outside_tune():
     tuned._storage = SimpleNamespace(storage_fs_path="/data/runs/my-sweep", experiment_dir_name="phase2")
     assert metrics.trial_tags(tuned) == ("my-sweep/phase2", "a1b2_00003")
     # What an RLlib Algorithm sees inside Tune: no trial info (RLlib drops it), a StorageContext.
-    for dirname, trial in [("PPO_CartPole-v1_79b25a53_3_disable_action_flattening=False,lr=0.0001_2026-11-30_14-12-06",
-                            "79b25a53"),
-                           ("PPO_CartPole-v1_db9e2_00000_0_2026-11-30_14-25-14", "db9e2_00000"),
-                           ("APPO_rayrl_ale_ALE_Pong-v5_0badcafe_12_2026-11-30_14-25-14", "0badcafe"),
-                           # rayrl's own trial folders (what rayrl train and the sweep run)
-                           (trial_dirname(SimpleNamespace(trainable_name="PPO", trial_id="79b25a53")), "79b25a53"),
-                           (trial_dirname(SimpleNamespace(trainable_name="IMPALA", trial_id="db9e2_00000")),
-                            "db9e2_00000")]:
+    for dirname, trial in [
+        ("PPO_CartPole-v1_79b25a53_3_disable_action_flattening=False,lr=0.0001_2026-11-30_14-12-06", "79b25a53"),
+        ("PPO_CartPole-v1_db9e2_00000_0_2026-11-30_14-25-14", "db9e2_00000"),
+        ("APPO_rayrl_ale_ALE_Pong-v5_0badcafe_12_2026-11-30_14-25-14", "0badcafe"),
+        # rayrl's own trial folders (what rayrl train and the sweep run)
+        (trial_dirname(SimpleNamespace(trainable_name="PPO", trial_id="79b25a53")), "79b25a53"),
+        (trial_dirname(SimpleNamespace(trainable_name="IMPALA", trial_id="db9e2_00000")), "db9e2_00000"),
+    ]:
         algo = fake_algorithm()
-        algo._storage = SimpleNamespace(storage_fs_path="/runs/cartpole", experiment_dir_name="tune",
-                                        trial_dir_name=dirname)
+        algo._storage = SimpleNamespace(
+            storage_fs_path="/runs/cartpole", experiment_dir_name="tune", trial_dir_name=dirname
+        )
         assert metrics.trial_tags(algo) == ("cartpole/tune", trial)
     assert metrics.trial_tags(fake_algorithm()) == ("none", "none")
 
 
 def test_observer_adds_hardware_learner_rate_and_cost_then_publishes():
     prices = {"gpu_hour_usd": 3.0, "cpu_hour_usd": 0.5, "spot_discount": 0.0}
-    algo = fake_algorithm(learner_config_dict={"cost": prices},
-                          trial_resources=SimpleNamespace(required_resources={"CPU": 4.0, "GPU": 1.0}))
+    algo = fake_algorithm(
+        learner_config_dict={"cost": prices},
+        trial_resources=SimpleNamespace(required_resources={"CPU": 4.0, "GPU": 1.0}),
+    )
     sampled = dict.fromkeys(hardware.HARDWARE_FIELDS, 0.5)
     sets = []
     pub = SimpleNamespace(publish=lambda r: sets.append(r))
     obs = metrics.TrialObserver(algo, sampler=SimpleNamespace(sample=lambda: sampled), publisher=pub)
     assert obs.resources == TrialResources(gpus=1.0, cpus=4.0)
     # 1 GPU + 4 CPUs = $5/h; one hour for 1M env steps -> $5 per million.
-    result = {"rayrl": {"env_steps_per_s": 1.0}, keys.ENV_STEPS: 1_000_000, keys.TIME_TOTAL: 3600.0,
-              "learners": {"__all_modules__": {"num_module_steps_trained_throughput": 9000.0}}}
+    result = {
+        "rayrl": {"env_steps_per_s": 1.0},
+        keys.ENV_STEPS: 1_000_000,
+        keys.TIME_TOTAL: 3600.0,
+        "learners": {"__all_modules__": {"num_module_steps_trained_throughput": 9000.0}},
+    }
     obs.observe(result)
     assert result["rayrl"]["cpu_util"] == 0.5 and result["rayrl"]["net_util"] == 0.5
     assert result["rayrl"]["learner_samples_per_s"] == 9000.0
@@ -209,12 +238,15 @@ def test_observer_adds_hardware_learner_rate_and_cost_then_publishes():
     assert sets == [result]
 
 
-@pytest.mark.parametrize("resources", [
-    {"env_runners": 2},
-    {"env_runners": 0, "gpus_per_learner": 1.0},                        # a GPU learner in the trial's process
-    {"env_runners": 8, "learners": 4, "gpus_per_learner": 1.0, "cpus_per_learner": 2, "cpus_per_env_runner": 2},
-    {"env_runners": 3, "learners": 2, "cpus_per_learner": 1.5, "cpus_per_env_runner": 0.5},
-])
+@pytest.mark.parametrize(
+    "resources",
+    [
+        {"env_runners": 2},
+        {"env_runners": 0, "gpus_per_learner": 1.0},  # a GPU learner in the trial's process
+        {"env_runners": 8, "learners": 4, "gpus_per_learner": 1.0, "cpus_per_learner": 2, "cpus_per_env_runner": 2},
+        {"env_runners": 3, "learners": 2, "cpus_per_learner": 1.5, "cpus_per_env_runner": 0.5},
+    ],
+)
 def test_a_trials_resources_have_one_model(resources):
     """Outside Tune the gauge's cost (RLlib's request for the algorithm's config) and the run folder's
     cost (rayrl.tune.resources, from the spec) agree."""
@@ -260,8 +292,9 @@ def test_the_callback_keeps_one_observer_per_trial_made_at_algorithm_init(monkey
             result["rayrl"]["seen"] = len(made)
 
     monkeypatch.setattr(metrics, "TrialObserver", Obs)
-    config = SimpleNamespace(learner_config_dict={}, num_learners=0, train_batch_size_per_learner=100,
-                             minibatch_size=50, lr=1e-3)
+    config = SimpleNamespace(
+        learner_config_dict={}, num_learners=0, train_batch_size_per_learner=100, minibatch_size=50, lr=1e-3
+    )
     algorithm = SimpleNamespace(config=config, learner_group=None)
     callback = RayrlCallback()
     callback.on_algorithm_init(algorithm=algorithm)
@@ -276,11 +309,12 @@ def test_the_callback_keeps_one_observer_per_trial_made_at_algorithm_init(monkey
 # Ray's Prometheus export, end to end
 
 
-def _scrape(port: int, names: tuple[str, ...], timeout_s: float,
-            tags: dict[str, str] | None = None) -> dict[str, list[tuple[dict, float]]]:
+def _scrape(
+    port: int, names: tuple[str, ...], timeout_s: float, tags: dict[str, str] | None = None
+) -> dict[str, list[tuple[dict, float]]]:
     """Poll the export until every name has a sample (with ``tags``, if given): exports lag seconds."""
     deadline, found = time.monotonic() + timeout_s, {}
-    line = re.compile(r'^(ray_rayrl_\w+)\{(.*)\} (\S+)$')
+    line = re.compile(r"^(ray_rayrl_\w+)\{(.*)\} (\S+)$")
     while time.monotonic() < deadline:
         try:
             body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -310,13 +344,18 @@ def metrics_port():
 
 
 def small_config(priced: bool = True):
-    from rayrl.rllib import algo
     from rayrl import spec
-    config = algo.build_config(spec.from_dict({"algo": {"train_batch_per_learner": 512, "minibatch_size": 128},
-                                               "resources": {"env_runners": 0}}))
+    from rayrl.rllib import algo
+
+    config = algo.build_config(
+        spec.from_dict(
+            {"algo": {"train_batch_per_learner": 512, "minibatch_size": 128}, "resources": {"env_runners": 0}}
+        )
+    )
     if priced:  # the spec's prices, as learner_settings would carry them: cost is computed in-process
-        config.learners(learner_config_dict={**config.learner_config_dict,
-                                             "cost": {"gpu_hour_usd": 3.0, "cpu_hour_usd": 0.05}})
+        config.learners(
+            learner_config_dict={**config.learner_config_dict, "cost": {"gpu_hour_usd": 3.0, "cpu_hour_usd": 0.05}}
+        )
     return config
 
 
@@ -331,9 +370,16 @@ def test_training_publishes_rayrl_metrics_to_prometheus(metrics_port):
     for key in (keys.CPU_UTIL, keys.MEM_UTIL, keys.GPU_UTIL, keys.NET_UTIL, keys.LEARNER_SAMPLES_PER_S):
         assert keys.lookup(last, key) is not None, key
     assert 0.0 < keys.lookup(last, keys.MEM_UTIL) < 1.0 and 0.0 <= keys.lookup(last, keys.CPU_UTIL) <= 1.0
-    names = ("ray_rayrl_env_steps_per_s", "ray_rayrl_batch_size", "ray_rayrl_cpu_util", "ray_rayrl_mem_util",
-             "ray_rayrl_nonfinite_steps", "ray_rayrl_learner_samples_per_s", "ray_rayrl_episode_return",
-             "ray_rayrl_cost_per_million_samples")
+    names = (
+        "ray_rayrl_env_steps_per_s",
+        "ray_rayrl_batch_size",
+        "ray_rayrl_cpu_util",
+        "ray_rayrl_mem_util",
+        "ray_rayrl_nonfinite_steps",
+        "ray_rayrl_learner_samples_per_s",
+        "ray_rayrl_episode_return",
+        "ray_rayrl_cost_per_million_samples",
+    )
     found = _scrape(metrics_port, names, timeout_s=60, tags={"experiment": "none", "trial": "none"})
     missing = [n for n in names if n not in found]
     assert not missing, f"not exported within 60 s: {missing}; got {sorted(found)}"
@@ -344,7 +390,7 @@ def test_training_publishes_rayrl_metrics_to_prometheus(metrics_port):
     assert 0.0 <= value("ray_rayrl_cpu_util") <= 1.0 and 0.0 < value("ray_rayrl_mem_util") < 1.0
     assert value("ray_rayrl_nonfinite_steps") == 0.0
     assert value("ray_rayrl_learner_samples_per_s") > 0.0
-    assert 8.0 <= value("ray_rayrl_episode_return") <= 500.0   # CartPole returns
+    assert 8.0 <= value("ray_rayrl_episode_return") <= 500.0  # CartPole returns
     # 1 CPU at $0.05/hour for well under a minute, over ~1.5k env steps: cents per million at most.
     assert 0.0 < value("ray_rayrl_cost_per_million_samples") < 10.0
 
@@ -355,9 +401,13 @@ def test_tune_trials_are_tagged_with_run_experiment_and_trial_id(metrics_port, t
 
     from rayrl.rllib.algo import algorithm_class
 
-    tuner = tune.Tuner(algorithm_class("PPO"), param_space=small_config(priced=False),
-                       run_config=tune.RunConfig(name="phase2", storage_path=str(tmp_path / "my-sweep"),
-                                                 stop={keys.ITERATION: 2}, verbose=0))
+    tuner = tune.Tuner(
+        algorithm_class("PPO"),
+        param_space=small_config(priced=False),
+        run_config=tune.RunConfig(
+            name="phase2", storage_path=str(tmp_path / "my-sweep"), stop={keys.ITERATION: 2}, verbose=0
+        ),
+    )
     result = tuner.fit()[0]
     assert result.error is None
     trial_id = result.metrics["trial_id"]

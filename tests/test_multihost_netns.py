@@ -27,25 +27,34 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
 
 import pytest
 import yaml
+from conftest import RAY, ROOT, free_port, head_port_flags, subprocess_env
 
 from rayrl.observe import keys
-from conftest import RAY, ROOT, free_port, head_port_flags, subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SWEEP_S_MAX = 420  # the sweep itself (about 90 s, 65 s of it waiting for Ray to see the node gone)
 CUT_AT_ITERATION = 3  # the worker's trial has its first checkpoint (checkpoint.every=2) and one more result
 BUDGET = 40 * 512  # env steps per phase-2 trial: 40 iterations, 10-60 s a trial here, a window to cut in
-SWEEP_SET = ["search.doubling.start=512", "search.doubling.cap=512", "search.doubling.warmup_iters=0",
-             "search.doubling.measure_iters=1", "search.num_samples=2", f"search.max_env_steps={BUDGET}",
-             f"search.grace_env_steps={BUDGET}", "search.min_batch=512", "search.confirm_top_k=0",
-             "resources.env_runners=0", "checkpoint.every=2"]
+SWEEP_SET = [
+    "search.doubling.start=512",
+    "search.doubling.cap=512",
+    "search.doubling.warmup_iters=0",
+    "search.doubling.measure_iters=1",
+    "search.num_samples=2",
+    f"search.max_env_steps={BUDGET}",
+    f"search.grace_env_steps={BUDGET}",
+    "search.min_batch=512",
+    "search.confirm_top_k=0",
+    "resources.env_runners=0",
+    "checkpoint.every=2",
+]
 
 WATCH = """
 import json, os, sys, time
@@ -92,8 +101,14 @@ def netns_pair() -> Iterator[SimpleNamespace]:
         pytest.skip("the `ip` command (iproute2) is not installed")
     pid = os.getpid()
     net = f"10.213.{pid % 250 + 1}"
-    ns = SimpleNamespace(head=f"rayrl-h-{pid}", worker=f"rayrl-w-{pid}", head_veth=f"rrh{pid}",
-                         worker_veth=f"rrw{pid}", head_ip=f"{net}.1", worker_ip=f"{net}.2")
+    ns = SimpleNamespace(
+        head=f"rayrl-h-{pid}",
+        worker=f"rayrl-w-{pid}",
+        head_veth=f"rrh{pid}",
+        worker_veth=f"rrw{pid}",
+        head_ip=f"{net}.1",
+        worker_ip=f"{net}.2",
+    )
     created: list[str] = []
     steps = [
         (["netns", "add", ns.head], ns.head),
@@ -112,8 +127,10 @@ def netns_pair() -> Iterator[SimpleNamespace]:
         for args, name in steps:
             proc = ip(*args)
             if proc.returncode != 0:
-                pytest.skip(f"cannot build the two-host network: `ip {' '.join(args)}` exited {proc.returncode}: "
-                            f"{proc.stderr.strip()} (needs root / CAP_NET_ADMIN)")
+                pytest.skip(
+                    f"cannot build the two-host network: `ip {' '.join(args)}` exited {proc.returncode}: "
+                    f"{proc.stderr.strip()} (needs root / CAP_NET_ADMIN)"
+                )
             if name:
                 created.append(name)
         yield ns
@@ -127,8 +144,14 @@ def netns_pair() -> Iterator[SimpleNamespace]:
 def in_ns(ns: str, cmd: list[str], env: dict, log: Path) -> subprocess.Popen:
     """``cmd`` inside namespace ``ns``, in its own process group, output to ``log``."""
     with open(log, "wb") as out:
-        return subprocess.Popen(["ip", "netns", "exec", ns, *cmd], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=ROOT)
+        return subprocess.Popen(
+            ["ip", "netns", "exec", ns, *cmd],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=ROOT,
+        )
 
 
 def end(proc: subprocess.Popen) -> None:
@@ -174,8 +197,9 @@ def tail(log: Path, n: int = 6000) -> str:
     return log.read_text(errors="replace")[-n:] if log.exists() else f"({log} missing)"
 
 
-def test_sweep_survives_a_worker_host_losing_its_network(netns_pair: SimpleNamespace, tmp_path: Path,
-                                                        pytestconfig: pytest.Config) -> None:
+def test_sweep_survives_a_worker_host_losing_its_network(
+    netns_pair: SimpleNamespace, tmp_path: Path, pytestconfig: pytest.Config
+) -> None:
     ns = netns_pair
     token = tmp_path / "auth_token"
     token.write_text(secrets.token_hex(32))
@@ -192,41 +216,99 @@ def test_sweep_survives_a_worker_host_losing_its_network(netns_pair: SimpleNames
     logs = {k: tmp_path / f"{k}.log" for k in ("head", "worker", "watch", "sweep")}
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(in_ns(ns.head, [RAY, "start", "--head", "--block", f"--node-ip-address={ns.head_ip}",
-                                     f"--port={gcs_port}", "--num-cpus=1", "--include-dashboard=false",
-                                     *head_port_flags(), f"--temp-dir={head_tmp}"], env, logs["head"]))
-        wait = subprocess.run(["ip", "netns", "exec", ns.head, py, "-c", WAIT_PORT, ns.head_ip, str(gcs_port), "90"],
-                              capture_output=True, text=True, timeout=120)
+        procs.append(
+            in_ns(
+                ns.head,
+                [
+                    RAY,
+                    "start",
+                    "--head",
+                    "--block",
+                    f"--node-ip-address={ns.head_ip}",
+                    f"--port={gcs_port}",
+                    "--num-cpus=1",
+                    "--include-dashboard=false",
+                    *head_port_flags(),
+                    f"--temp-dir={head_tmp}",
+                ],
+                env,
+                logs["head"],
+            )
+        )
+        wait = subprocess.run(
+            ["ip", "netns", "exec", ns.head, py, "-c", WAIT_PORT, ns.head_ip, str(gcs_port), "90"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert wait.returncode == 0, wait.stderr + tail(logs["head"])
         worker_flags = [f for f in head_port_flags() if not f.startswith("--ray-client-server-port")]
-        procs.append(in_ns(ns.worker, [RAY, "start", "--block", f"--address={address}",
-                                       f"--node-ip-address={ns.worker_ip}", "--num-cpus=1", *worker_flags,
-                                       f"--temp-dir={worker_tmp}"], env, logs["worker"]))
+        procs.append(
+            in_ns(
+                ns.worker,
+                [
+                    RAY,
+                    "start",
+                    "--block",
+                    f"--address={address}",
+                    f"--node-ip-address={ns.worker_ip}",
+                    "--num-cpus=1",
+                    *worker_flags,
+                    f"--temp-dir={worker_tmp}",
+                ],
+                env,
+                logs["worker"],
+            )
+        )
         driver_env = {**env, "RAY_ADDRESS": address}
         procs.append(in_ns(ns.head, [py, "-c", WATCH], driver_env, logs["watch"]))
         deadline = time.monotonic() + 120
         while not any(alive(e, ns.head_ip) and alive(e, ns.worker_ip) for e in watch_lines(logs["watch"])):
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs), (
-                "the two nodes did not join within 120 s\n--- head\n" + tail(logs["head"]) + "\n--- worker\n"
-                + tail(logs["worker"]) + "\n--- watcher\n" + tail(logs["watch"]))
+                "the two nodes did not join within 120 s\n--- head\n"
+                + tail(logs["head"])
+                + "\n--- worker\n"
+                + tail(logs["worker"])
+                + "\n--- watcher\n"
+                + tail(logs["watch"])
+            )
             time.sleep(1)
 
         start = time.monotonic()
-        sweep = in_ns(ns.head, [py, str(ROOT / "experiments" / "sweep.py"), "--smoke", "--storage", str(storage),
-                                "--name", "mh", *[a for kv in SWEEP_SET for a in ("--set", kv)]], driver_env,
-                      logs["sweep"])
+        sweep = in_ns(
+            ns.head,
+            [
+                py,
+                str(ROOT / "experiments" / "sweep.py"),
+                "--smoke",
+                "--storage",
+                str(storage),
+                "--name",
+                "mh",
+                *[a for kv in SWEEP_SET for a in ("--set", kv)],
+            ],
+            driver_env,
+            logs["sweep"],
+        )
         procs.append(sweep)
         cut = None
         while sweep.poll() is None and time.monotonic() - start < SWEEP_S_MAX:
             if cut is None:
                 for trial in sorted((run_dir / "phase2").glob("PPO_*")):
                     on_worker = [r for r in results(trial) if r.get("node_ip") == ns.worker_ip]
-                    if (on_worker and on_worker[-1]["training_iteration"] >= CUT_AT_ITERATION
-                            and any(trial.glob("checkpoint_*"))):
+                    if (
+                        on_worker
+                        and on_worker[-1]["training_iteration"] >= CUT_AT_ITERATION
+                        and any(trial.glob("checkpoint_*"))
+                    ):
                         down = ip("-n", ns.worker, "link", "set", ns.worker_veth, "down")
                         assert down.returncode == 0, down.stderr
-                        cut = SimpleNamespace(t=time.time(), trial=trial, iteration=on_worker[-1]["training_iteration"],
-                                              after_s=time.monotonic() - start)
+                        cut = SimpleNamespace(
+                            t=time.time(),
+                            trial=trial,
+                            iteration=on_worker[-1]["training_iteration"],
+                            after_s=time.monotonic() - start,
+                        )
                         break
             time.sleep(0.2)
         if sweep.poll() is None:
@@ -279,7 +361,10 @@ def test_sweep_survives_a_worker_host_losing_its_network(netns_pair: SimpleNames
     assert keys.lookup(moved[-1], keys.ENV_STEPS) >= BUDGET  # search.max_env_steps: it used its whole budget
     back_s = moved[0]["timestamp"] - cut.t
 
-    figure(pytestconfig, f"worker link cut {cut.after_s:.0f}s into the sweep, {cut.trial.name} on the worker at "
-           f"iteration {reached}; Ray marked the worker node dead {detect_s:.1f}s later; the trial trained again on "
-           f"the head {back_s:.0f}s after the cut, from iteration {first}, {len(moved)} iterations after the cut; "
-           f"sweep wall {wall:.0f}s (summary.json {summary['wall_s']}s)")
+    figure(
+        pytestconfig,
+        f"worker link cut {cut.after_s:.0f}s into the sweep, {cut.trial.name} on the worker at "
+        f"iteration {reached}; Ray marked the worker node dead {detect_s:.1f}s later; the trial trained again on "
+        f"the head {back_s:.0f}s after the cut, from iteration {first}, {len(moved)} iterations after the cut; "
+        f"sweep wall {wall:.0f}s (summary.json {summary['wall_s']}s)",
+    )

@@ -32,11 +32,43 @@ def _run(cmd: list[str], log: Path, timeout: int) -> None:
 def smoke_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """{"sweep": folder, "train": folder}: a smoke sweep, then its best config trained briefly."""
     storage = tmp_path_factory.mktemp("runs")
-    _run([sys.executable, "experiments/sweep.py", "--smoke", "--name", "sweep", "--storage", str(storage),
-          "--num-cpus", "2"], storage / "sweep.log", timeout=1200)
-    _run([sys.executable, "-m", "rayrl.cli", "train", "--config", str(storage / "sweep" / "best_config.yaml"),
-          "--name", "train", "--storage", str(storage), "--num-cpus", "2", "--set", "stop.env_steps=12000",
-          "--set", "stop.episode_return=null"], storage / "train.log", timeout=900)
+    _run(
+        [
+            sys.executable,
+            "experiments/sweep.py",
+            "--smoke",
+            "--name",
+            "sweep",
+            "--storage",
+            str(storage),
+            "--num-cpus",
+            "2",
+        ],
+        storage / "sweep.log",
+        timeout=1200,
+    )
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "rayrl.cli",
+            "train",
+            "--config",
+            str(storage / "sweep" / "best_config.yaml"),
+            "--name",
+            "train",
+            "--storage",
+            str(storage),
+            "--num-cpus",
+            "2",
+            "--set",
+            "stop.env_steps=12000",
+            "--set",
+            "stop.episode_return=null",
+        ],
+        storage / "train.log",
+        timeout=900,
+    )
     return {"sweep": storage / "sweep", "train": storage / "train"}
 
 
@@ -62,16 +94,18 @@ def expected_verdicts(run_dir: Path, baseline_dir: Path | None = None) -> dict[s
         best = str(summary["best"]["trial_id"])
         if best == "spec":  # the spec's own config won the confirmation: its first run at the target speaks
             runs = pd.read_csv(run_dir / "confirm.csv")
-            runs = runs[runs["phase2_trial_id"].astype(str) == best].sort_values(["reached", "seed"],
-                                                                                 ascending=[False, True])
+            runs = runs[runs["phase2_trial_id"].astype(str) == best].sort_values(
+                ["reached", "seed"], ascending=[False, True]
+            )
             best = str(runs.iloc[0]["trial_id"])
         h = h[h["trial_id"].astype(str) == best]
     later = h[h["training_iteration"] > t["warmup_iters"]]
     h = later if not later.empty else h
     ladder = pd.read_csv((baseline_dir or run_dir) / "doubling.csv")
     res = summary["resources"]
-    hourly = (res["gpus_per_trial"] * prices["gpu_hour_usd"] + res["cpus_per_trial"] * prices["cpu_hour_usd"]) \
-        * (1 - prices["spot_discount"])
+    hourly = (res["gpus_per_trial"] * prices["gpu_hour_usd"] + res["cpus_per_trial"] * prices["cpu_hour_usd"]) * (
+        1 - prices["spot_discount"]
+    )
 
     memory = pd.concat([h["mem_util"], h["gpu_mem_util"]]).dropna()
     rung = ladder.set_index("batch_size")["env_steps_per_s"]
@@ -81,11 +115,19 @@ def expected_verdicts(run_dir: Path, baseline_dir: Path | None = None) -> dict[s
     ours = rung.get(int(summary["best"]["batch_size"])) if summary["kind"] == "sweep" else measured
     base = hourly / rung.iloc[0]
     cost = hourly / ours if ours is not None else None
-    return {"memory (peak)": "PASS" if memory.max() < t["mem_util_max"] else "FAIL",
-            "env steps/s (median)": "N/A" if expected is None else
-                "PASS" if measured >= expected * (1 - t["env_steps_per_s_tolerance"]) else "FAIL",
-            "cost per effective sample vs baseline": "N/A" if cost is None else
-                "PASS" if (cost - base) / base <= -t["cost_reduction_min"] else "FAIL"}
+    return {
+        "memory (peak)": "PASS" if memory.max() < t["mem_util_max"] else "FAIL",
+        "env steps/s (median)": "N/A"
+        if expected is None
+        else "PASS"
+        if measured >= expected * (1 - t["env_steps_per_s_tolerance"])
+        else "FAIL",
+        "cost per effective sample vs baseline": "N/A"
+        if cost is None
+        else "PASS"
+        if (cost - base) / base <= -t["cost_reduction_min"]
+        else "FAIL",
+    }
 
 
 def execute(name: str, run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> nbformat.NotebookNode:
@@ -154,8 +196,16 @@ def test_report_and_doctor_on_smoke_runs(smoke_runs, kind, tmp_path):
         args += ["--baseline", str(smoke_runs["sweep"])]
     assert report.main(args) == 0
     text = (tmp_path / "report.md").read_text()
-    for section in ("## Summary", "## Acceptance", "## Cost", "## Throughput ladder", "## Trials", "## Training",
-                    "## Fault tolerance", "## Plots"):
+    for section in (
+        "## Summary",
+        "## Acceptance",
+        "## Cost",
+        "## Throughput ladder",
+        "## Trials",
+        "## Training",
+        "## Fault tolerance",
+        "## Plots",
+    ):
         assert section in text
     for part in acceptance.PARTS:
         assert f"| {part} | " in text

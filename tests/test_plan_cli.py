@@ -2,15 +2,23 @@
 
 import json
 
+import plan_run
 import pytest
 import yaml
 
-import plan_run
 from rayrl import cli
 from rayrl.scale import measure
 
-ROW_KEYS = ("gpus", "nodes", "env_steps_per_s", "efficiency", "usd_per_hour", "usd_per_million_samples",
-            "hours_to_target", "usd_to_target")
+ROW_KEYS = (
+    "gpus",
+    "nodes",
+    "env_steps_per_s",
+    "efficiency",
+    "usd_per_hour",
+    "usd_per_million_samples",
+    "hours_to_target",
+    "usd_to_target",
+)
 
 
 def test_measure_reads_the_steady_timers_and_the_target(tmp_path):
@@ -30,8 +38,20 @@ def test_measure_reads_the_steady_timers_and_the_target(tmp_path):
 def test_plan_writes_rows_and_a_schedule_that_never_exceeds_2x(tmp_path, capsys):
     run = plan_run.write_run(tmp_path / "run")
     (tmp_path / "hand.yaml").write_text(yaml.safe_dump(plan_run.CLUSTER))
-    code = cli.main(["plan", str(run), "--gpus", "6", "--cluster", str(tmp_path / "hand.yaml"),
-                     "--grad-bytes", "1e9", "--deadline", "1"])
+    code = cli.main(
+        [
+            "plan",
+            str(run),
+            "--gpus",
+            "6",
+            "--cluster",
+            str(tmp_path / "hand.yaml"),
+            "--grad-bytes",
+            "1e9",
+            "--deadline",
+            "1",
+        ]
+    )
     assert code == 0
     plan = json.loads((run / "plan.json").read_text())
     assert [r["gpus"] for r in plan["rows"]] == [1, 2, 4, 6]
@@ -48,16 +68,20 @@ def test_plan_writes_rows_and_a_schedule_that_never_exceeds_2x(tmp_path, capsys)
     assert [s["decision"] for s in steps] == ["grow", "stop"]  # 2 -> 4 crosses nodes at 10 GB/s: slower
     assert plan["fewest_gpus_meeting_deadline"] == 1 and (run / "plan.png").stat().st_size > 0
     # Time to target: 1.92x the throughput, but 1.12207/1.06104 x the env steps (critical batch 16384).
-    assert steps[0]["predicted_gain"] == pytest.approx((2000 / 2.08016 / 500) * (1 + 1000 / 16384)
-                                                       / (1 + 2000 / 16384) - 1)
+    assert steps[0]["predicted_gain"] == pytest.approx(
+        (2000 / 2.08016 / 500) * (1 + 1000 / 16384) / (1 + 2000 / 16384) - 1
+    )
     assert "1 -> 2 GPUs: predicted gain +82% in hours_to_target -> grow" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--gpus", "0"], "--gpus: 0 is not a size"),
-    (["--deadline", "-1"], "--deadline: -1.0 must be a finite number > 0"),
-    (["--cluster", "tpu-pod"], "neither a file nor a preset"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--gpus", "0"], "--gpus: 0 is not a size"),
+        (["--deadline", "-1"], "--deadline: -1.0 must be a finite number > 0"),
+        (["--cluster", "tpu-pod"], "neither a file nor a preset"),
+    ],
+)
 def test_plan_bad_input_exits_2_with_one_paragraph(tmp_path, capsys, argv, message):
     run = plan_run.write_run(tmp_path / "run")
     assert cli.main(["plan", str(run), *argv]) == 2

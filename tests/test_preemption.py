@@ -14,22 +14,47 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import ROOT, subprocess_env
 
 from rayrl.observe import keys
 from rayrl.storage import manifest
 
-from conftest import ROOT, subprocess_env
-
 pytestmark = pytest.mark.slow
 
 CONFIG = str(ROOT / "experiments" / "configs" / "cartpole_ppo.yaml")
-TINY = ["--set", "algo.train_batch_per_learner=512", "--set", "algo.minibatch_size=128", "--set", "algo.epochs=1",
-        "--set", "env.envs_per_runner=4", "--set", "stop.episode_return=null", "--set", "stop.wall_s=null"]
+TINY = [
+    "--set",
+    "algo.train_batch_per_learner=512",
+    "--set",
+    "algo.minibatch_size=128",
+    "--set",
+    "algo.epochs=1",
+    "--set",
+    "env.envs_per_runner=4",
+    "--set",
+    "stop.episode_return=null",
+    "--set",
+    "stop.wall_s=null",
+]
 
 
 def train_cmd(storage: Path, name: str, *sets: str) -> list[str]:
-    return [sys.executable, "-m", "rayrl.cli", "train", "--config", CONFIG, *TINY, "--storage", str(storage),
-            "--name", name, "--num-cpus", "2", *[a for s in sets for a in ("--set", s)]]
+    return [
+        sys.executable,
+        "-m",
+        "rayrl.cli",
+        "train",
+        "--config",
+        CONFIG,
+        *TINY,
+        "--storage",
+        str(storage),
+        "--name",
+        name,
+        "--num-cpus",
+        "2",
+        *[a for s in sets for a in ("--set", s)],
+    ]
 
 
 def rows(history: Path) -> pd.DataFrame:
@@ -43,8 +68,15 @@ def run_then_sigterm(cmd: list[str], history: Path, new_rows: int, timeout: floa
     """Start ``cmd``, wait for ``new_rows`` more history rows, SIGTERM the driver alone; (output, rc,
     iteration reached when the signal was sent)."""
     before = len(rows(history))
-    proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        cmd,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        cwd=ROOT,
+    )
     try:
         deadline = time.monotonic() + timeout
         while len(rows(history)) < before + new_rows:
@@ -64,8 +96,9 @@ def run_then_sigterm(cmd: list[str], history: Path, new_rows: int, timeout: floa
 
 def checkpoints(trial: Path) -> dict[str, int | None]:
     """checkpoint folder -> iteration from its manifest (None: no intact manifest)."""
-    return {p.name: manifest.meta(manifest.read(p)).get("training_iteration")
-            for p in sorted(trial.glob("checkpoint_*"))}
+    return {
+        p.name: manifest.meta(manifest.read(p)).get("training_iteration") for p in sorted(trial.glob("checkpoint_*"))
+    }
 
 
 def first_resumed_iteration(history: Path, before: int) -> int:
@@ -74,8 +107,14 @@ def first_resumed_iteration(history: Path, before: int) -> int:
 
 def test_sigterm_checkpoints_and_resumes_and_a_corrupt_newest_checkpoint_is_skipped(tmp_path):
     every = 3
-    cmd = train_cmd(tmp_path, "pre", "stop.env_steps=100000", f"checkpoint.every={every}", "checkpoint.keep=4",
-                    f"checkpoint.local_dir={tmp_path / 'tier1'}")
+    cmd = train_cmd(
+        tmp_path,
+        "pre",
+        "stop.env_steps=100000",
+        f"checkpoint.every={every}",
+        "checkpoint.keep=4",
+        f"checkpoint.local_dir={tmp_path / 'tier1'}",
+    )
     history = tmp_path / "pre" / "history.csv"
 
     # 1. SIGTERM after the periodic checkpoint at iteration 3: a newer checkpoint, exit 143.
@@ -91,8 +130,10 @@ def test_sigterm_checkpoints_and_resumes_and_a_corrupt_newest_checkpoint_is_skip
     summary = json.loads((tmp_path / "pre" / "summary.json").read_text())
     assert summary["status"] == "preempted" and summary["preempted"]["checkpointed"] is True
     assert summary["preempted"]["stop_s"] < 25.0
-    print(f"\n[preemption] SIGTERM at iteration {at}: checkpoint of iteration {newest}, driver stopped "
-          f"{summary['preempted']['stop_s']:.1f}s after the signal (first run {time.monotonic() - start:.0f}s)")
+    print(
+        f"\n[preemption] SIGTERM at iteration {at}: checkpoint of iteration {newest}, driver stopped "
+        f"{summary['preempted']['stop_s']:.1f}s after the signal (first run {time.monotonic() - start:.0f}s)"
+    )
 
     # 2. The same command resumes from that checkpoint; SIGTERM it again.
     before = len(rows(history))
@@ -108,8 +149,9 @@ def test_sigterm_checkpoints_and_resumes_and_a_corrupt_newest_checkpoint_is_skip
     newest_name = max(saved)
     corrupt = [trial / newest_name] + list((tmp_path / "tier1").glob(f"*/{newest_name}"))
     for folder in corrupt:
-        target = max((p for p in folder.rglob("*") if p.is_file() and p.name != manifest.NAME),
-                     key=lambda p: p.stat().st_size)
+        target = max(
+            (p for p in folder.rglob("*") if p.is_file() and p.name != manifest.NAME), key=lambda p: p.stat().st_size
+        )
         data = bytearray(target.read_bytes())
         data[len(data) // 2] ^= 0xFF
         target.write_bytes(bytes(data))
@@ -128,11 +170,24 @@ def test_sigterm_checkpoints_and_resumes_and_a_corrupt_newest_checkpoint_is_skip
 def test_a_runner_whose_env_step_blocks_forever_is_restarted_and_the_run_goes_on(tmp_path):
     marker = tmp_path / "hung"
     proc = subprocess.run(
-        train_cmd(tmp_path, "hang", "env.id=tests.hang_env:make", f"env.config={{marker: '{marker}', after: 300}}",
-                  "resources.env_runners=2", "resources.cpus_per_env_runner=0.5", "stop.env_steps=8192",
-                  "checkpoint.every=100",
-                  "checkpoint.hung_runner_s=4", f"checkpoint.local_dir={tmp_path / 'tier1'}"),
-        env=subprocess_env(), capture_output=True, text=True, timeout=400, cwd=ROOT)
+        train_cmd(
+            tmp_path,
+            "hang",
+            "env.id=tests.hang_env:make",
+            f"env.config={{marker: '{marker}', after: 300}}",
+            "resources.env_runners=2",
+            "resources.cpus_per_env_runner=0.5",
+            "stop.env_steps=8192",
+            "checkpoint.every=100",
+            "checkpoint.hung_runner_s=4",
+            f"checkpoint.local_dir={tmp_path / 'tier1'}",
+        ),
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     assert marker.exists()  # the env did hang once
     summary = json.loads((tmp_path / "hang" / "summary.json").read_text())
@@ -145,5 +200,7 @@ def test_a_runner_whose_env_step_blocks_forever_is_restarted_and_the_run_goes_on
     restarted = next(i for i, r in enumerate(results) if r["rayrl"]["hung_runner_restarts"] >= 1)
     last = results[-1]
     assert last["fault_tolerance"]["num_healthy_workers"] == 2  # the restarted runner is back
-    print(f"\n[preemption] hung runner restarted at iteration {restarted + 1}; "
-          f"{len(results)} iterations, {steps[-1]:.0f} env steps")
+    print(
+        f"\n[preemption] hung runner restarted at iteration {restarted + 1}; "
+        f"{len(results)} iterations, {steps[-1]:.0f} env steps"
+    )

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT, free_port, ray_head, subprocess_env
 
 SD_FILE = "prom_metrics_service_discovery.json"  # Ray's service discovery file, in its temp dir
@@ -74,23 +73,63 @@ def test_prometheus_reads_a_rayrl_gauge_from_a_live_training_run(tmp_path):
         port = free_port()
         api = f"http://127.0.0.1:{port}/api/v1"
         prom_log = open(tmp_path / "prometheus.log", "w")
-        prom = subprocess.Popen([prometheus, f"--config.file={config}", f"--web.listen-address=127.0.0.1:{port}",
-                                 f"--storage.tsdb.path={tmp_path / 'tsdb'}"], start_new_session=True,
-                                stdout=prom_log, stderr=subprocess.STDOUT)
+        prom = subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={config}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            ],
+            start_new_session=True,
+            stdout=prom_log,
+            stderr=subprocess.STDOUT,
+        )
         train = None
         try:
             name = "promlive"
             train_log = open(tmp_path / "train.log", "w")
             train = subprocess.Popen(
-                [sys.executable, "-m", "rayrl.cli", "train", "--config", "experiments/configs/cartpole_ppo.yaml",
-                 "--name", name, "--storage", str(tmp_path / "runs"), "--address", head.gcs,
-                 "--set", "resources.env_runners=0", "--set", "env.envs_per_runner=2",
-                 "--set", "algo.train_batch_per_learner=256", "--set", "algo.minibatch_size=128",
-                 "--set", "algo.epochs=1", "--set", "checkpoint.every=1000",
-                 "--set", f"checkpoint.local_dir={tmp_path / 'ckpt'}",
-                 # no early stop (CartPole is solved in ~25 s here): it trains until killed below
-                 "--set", "stop.episode_return=null", "--set", "stop.env_steps=null", "--set", "stop.wall_s=150"],
-                env=env, cwd=ROOT, start_new_session=True, stdout=train_log, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "rayrl.cli",
+                    "train",
+                    "--config",
+                    "experiments/configs/cartpole_ppo.yaml",
+                    "--name",
+                    name,
+                    "--storage",
+                    str(tmp_path / "runs"),
+                    "--address",
+                    head.gcs,
+                    "--set",
+                    "resources.env_runners=0",
+                    "--set",
+                    "env.envs_per_runner=2",
+                    "--set",
+                    "algo.train_batch_per_learner=256",
+                    "--set",
+                    "algo.minibatch_size=128",
+                    "--set",
+                    "algo.epochs=1",
+                    "--set",
+                    "checkpoint.every=1000",
+                    "--set",
+                    f"checkpoint.local_dir={tmp_path / 'ckpt'}",
+                    # no early stop (CartPole is solved in ~25 s here): it trains until killed below
+                    "--set",
+                    "stop.episode_return=null",
+                    "--set",
+                    "stop.env_steps=null",
+                    "--set",
+                    "stop.wall_s=150",
+                ],
+                env=env,
+                cwd=ROOT,
+                start_new_session=True,
+                stdout=train_log,
+                stderr=subprocess.STDOUT,
+            )
             query = f'{GAUGE}{{job="ray",experiment="{name}/tune"}}'
             url = f"{api}/query?" + urllib.parse.urlencode({"query": query})
             deadline, series = time.monotonic() + 150, []
@@ -102,11 +141,14 @@ def test_prometheus_reads_a_rayrl_gauge_from_a_live_training_run(tmp_path):
                     break
                 time.sleep(2)
             health = _get_json(f"{api}/targets") or {}
-            seen = [(t.get("scrapeUrl"), t.get("health"), t.get("lastError"))
-                    for t in health.get("data", {}).get("activeTargets", [])]
-            assert series, (f"Prometheus returned no {query} within 150 s; Ray's targets {targets}; Prometheus' "
-                            f"targets {seen}; train exit {train.poll()}: "
-                            + (tmp_path / "train.log").read_text()[-1500:])
+            seen = [
+                (t.get("scrapeUrl"), t.get("health"), t.get("lastError"))
+                for t in health.get("data", {}).get("activeTargets", [])
+            ]
+            assert series, (
+                f"Prometheus returned no {query} within 150 s; Ray's targets {targets}; Prometheus' "
+                f"targets {seen}; train exit {train.poll()}: " + (tmp_path / "train.log").read_text()[-1500:]
+            )
             (sample,) = series
             value = float(sample["value"][1])
             print(f"Prometheus read {GAUGE} = {value:.1f} env steps/s, labels {sample['metric']}")

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, subprocess_env
 
 README = (ROOT / "README.md").read_text()
@@ -35,8 +34,13 @@ def test_quick_start_is_two_commands_setup_and_job_then_setup_and_tests():
 
 
 def test_every_path_the_readme_names_exists():
-    named = set(re.findall(r"`((?:experiments|cluster_configs|notebooks|docs|monitoring|benchmarks|rayrl)"
-                           r"/[\w./-]*)`", README))
+    named = set(
+        re.findall(
+            r"`((?:experiments|cluster_configs|notebooks|docs|monitoring|benchmarks|rayrl)"
+            r"/[\w./-]*)`",
+            README,
+        )
+    )
     named |= set(re.findall(r"\((docs/[\w.-]+)\)", README))
     named = {p for p in named if not p.startswith("rayrl/") or p.endswith(".py")}  # rayrl/x is also a metric key
     assert len(named) > 10
@@ -58,16 +62,27 @@ def _commands_in_code_blocks() -> list[list[str]]:
 def test_each_documented_rayrl_command_has_help(program):
     documented = {c[1] for c in _commands_in_code_blocks() if c[0] == "rayrl"}
     assert program in documented
-    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", program, "--help"], capture_output=True, text=True,
-                          env=subprocess_env(), timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", program, "--help"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "usage" in proc.stdout.lower()
     assert "%%" not in proc.stdout  # argparse leaves a description's %% as is
 
 
 def test_sweep_help_lists_the_documented_flags():
-    proc = subprocess.run([sys.executable, "experiments/sweep.py", "--help"], capture_output=True, text=True,
-                          env=subprocess_env(), timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "experiments/sweep.py", "--help"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0
     for flag in ("--config", "--name", "--storage", "--set", "--smoke"):
         assert flag in proc.stdout
@@ -75,10 +90,16 @@ def test_sweep_help_lists_the_documented_flags():
 
 
 def test_readme_cluster_validate_command_passes_on_the_shipped_configs():
-    line = next(l for l in README.splitlines() if l.startswith("rayrl cluster validate"))
+    line = next(text for text in README.splitlines() if text.startswith("rayrl cluster validate"))
     args = shlex.split(line.split("#")[0])
-    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", *args[1:]], capture_output=True, text=True,
-                          env=subprocess_env(), timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", *args[1:]],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("OK ") >= 6
 
@@ -88,8 +109,8 @@ def test_readme_spec_section_names_every_field_rayrl_spec_prints():
     (top-level fields in the section's opening sentence)."""
     from rayrl.spec import field_table
 
-    section = README[README.index("## The spec"):README.index("## Running on a cluster")]
-    intro = section[:section.index("\n- `")]
+    section = README[README.index("## The spec") : README.index("## Running on a cluster")]
+    intro = section[: section.index("\n- `")]
     missing = []
     for name, _default, _doc in field_table():
         top, *rest = name.split(".")
@@ -101,5 +122,3 @@ def test_readme_spec_section_names_every_field_rayrl_spec_prints():
         if not found:
             missing.append(name)
     assert missing == [], f"README's spec section misses {missing}"
-
-

@@ -11,35 +11,60 @@ import pandas as pd
 import pytest
 import yaml
 
-from rayrl.observe import keys
+from rayrl import runfolder
 from rayrl.judge import acceptance, evaluation, plots, report
 from rayrl.judge.acceptance import FAIL, NA, PASS, Thresholds
-from rayrl import runfolder
 from rayrl.judge.folder import RunFolderError, best_trial_id, knee_batch, ladder_rows, load, subject_history
+from rayrl.observe import keys
 from rayrl.runfolder import knee
 
 # ---------------------------------------------------------------------------------------------
 # Synthetic run folders (the contract in docs/observability.md); test_doctor.py uses them too.
 
-SPEC = {"name": "synthetic", "env": {"id": "CartPole-v1"}, "algo": {"name": "PPO", "lr": 3e-4},
-        "resources": {"env_runners": 2, "learners": 0, "gpus_per_learner": 0.0},
-        "stop": {"env_steps": 100000, "episode_return": 400.0},
-        "search": {"doubling": {"min_gain": 0.15}}, "cost": {"gpu_hour_usd": 3.0, "cpu_hour_usd": 0.05}}
+SPEC = {
+    "name": "synthetic",
+    "env": {"id": "CartPole-v1"},
+    "algo": {"name": "PPO", "lr": 3e-4},
+    "resources": {"env_runners": 2, "learners": 0, "gpus_per_learner": 0.0},
+    "stop": {"env_steps": 100000, "episode_return": 400.0},
+    "search": {"doubling": {"min_gain": 0.15}},
+    "cost": {"gpu_hour_usd": 3.0, "cpu_hour_usd": 0.05},
+}
 LADDER = [(2048, 1000.0, None, "expand"), (4096, 1400.0, 0.40, "expand"), (8192, 1450.0, 0.0357, "stop")]
 
 
-def history_rows(trial_id: str, phase: str, batch: int, lr: float, iters: int, sps: float,
-                 final_return: float, **cols: float) -> list[dict]:
+def history_rows(
+    trial_id: str, phase: str, batch: int, lr: float, iters: int, sps: float, final_return: float, **cols: float
+) -> list[dict]:
     rows = []
     for i in range(1, iters + 1):
         row = {c: math.nan for c in runfolder.HISTORY_COLUMNS}
-        row.update({"trial_id": trial_id, "phase": phase, "batch_size": batch, "lr": lr, keys.ITERATION: i,
-                    "env_steps": batch * i, "episode_return_mean": final_return * min(1.0, 0.5 + i / (2 * iters)),
-                    "env_steps_per_s": sps * (1 + 0.01 * (i % 3)), "learner_samples_per_s": 5 * sps,
-                    "total_loss": 1.0 / i + 0.01 * ((i * 7) % 3), "grad_norm": 0.5, "loss_scale": math.nan,
-                    "nonfinite_steps": 0, "time_total_s": batch * i / sps, "cpu_util": 0.5 + 0.01 * (i % 2),
-                    "mem_util": 0.40, "gpu_util": math.nan, "gpu_mem_util": math.nan, "net_util": math.nan,
-                    "num_learners": 0, "backend": "none", "precision": "fp32"})
+        row.update(
+            {
+                "trial_id": trial_id,
+                "phase": phase,
+                "batch_size": batch,
+                "lr": lr,
+                keys.ITERATION: i,
+                "env_steps": batch * i,
+                "episode_return_mean": final_return * min(1.0, 0.5 + i / (2 * iters)),
+                "env_steps_per_s": sps * (1 + 0.01 * (i % 3)),
+                "learner_samples_per_s": 5 * sps,
+                "total_loss": 1.0 / i + 0.01 * ((i * 7) % 3),
+                "grad_norm": 0.5,
+                "loss_scale": math.nan,
+                "nonfinite_steps": 0,
+                "time_total_s": batch * i / sps,
+                "cpu_util": 0.5 + 0.01 * (i % 2),
+                "mem_util": 0.40,
+                "gpu_util": math.nan,
+                "gpu_mem_util": math.nan,
+                "net_util": math.nan,
+                "num_learners": 0,
+                "backend": "none",
+                "precision": "fp32",
+            }
+        )
         row.update(cols)
         rows.append(row)
     return rows
@@ -60,8 +85,15 @@ def sweep_history() -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(runfolder.HISTORY_COLUMNS))
 
 
-def write_run(root: Path, kind: str = "sweep", history: pd.DataFrame | None = None, spec: dict | None = None,
-              drill: dict | None = None, ladder: list | None = None, summary: dict | None = None) -> Path:
+def write_run(
+    root: Path,
+    kind: str = "sweep",
+    history: pd.DataFrame | None = None,
+    spec: dict | None = None,
+    drill: dict | None = None,
+    ladder: list | None = None,
+    summary: dict | None = None,
+) -> Path:
     """A complete run folder of ``kind`` (sweep or train) under ``root``."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "spec.yaml").write_text(yaml.safe_dump(spec or SPEC))
@@ -70,27 +102,45 @@ def write_run(root: Path, kind: str = "sweep", history: pd.DataFrame | None = No
         d = pd.DataFrame(ladder or LADDER, columns=["batch_size", "env_steps_per_s", "gain", "decision"])
         d.to_csv(root / "doubling.csv", index=False)
         search = h[h["phase"] == "search"]
-        trials = search.groupby("trial_id").agg(batch_size=("batch_size", "first"), lr=("lr", "first"),
-                                                env_steps=("env_steps", "max"),
-                                                episode_return_mean=("episode_return_mean", "last"))
+        trials = search.groupby("trial_id").agg(
+            batch_size=("batch_size", "first"),
+            lr=("lr", "first"),
+            env_steps=("env_steps", "max"),
+            episode_return_mean=("episode_return_mean", "last"),
+        )
         target = ((spec or SPEC).get("stop") or {}).get("episode_return")
-        trials["status"] = ["reached_target" if target is not None and r >= target else "completed"
-                            for r in trials["episode_return_mean"]]
+        trials["status"] = [
+            "reached_target" if target is not None and r >= target else "completed"
+            for r in trials["episode_return_mean"]
+        ]
         trials = trials.reset_index()
         trials.to_csv(root / "trials.csv", index=False)
-        best_row = runfolder.rank_trials(trials.to_dict("records"))[0]  # the sweep's own rule: fewest env steps to the target
-        summary = summary or {"kind": "sweep", "knee_batch_size": 4096,
-                              "best": {"batch_size": int(best_row["batch_size"]), "lr": float(best_row["lr"]),
-                                       "episode_return_mean": float(best_row["episode_return_mean"])},
-                              "env_steps_total": int(h.groupby("trial_id")["env_steps"].max().sum()),
-                              "wall_s": 100.0, "trials": len(trials), "stopped_early": 1,
-                              "resources": {"gpus_per_trial": 0, "cpus_per_trial": 3}}
+        best_row = runfolder.rank_trials(trials.to_dict("records"))[
+            0
+        ]  # the sweep's own rule: fewest env steps to the target
+        summary = summary or {
+            "kind": "sweep",
+            "knee_batch_size": 4096,
+            "best": {
+                "batch_size": int(best_row["batch_size"]),
+                "lr": float(best_row["lr"]),
+                "episode_return_mean": float(best_row["episode_return_mean"]),
+            },
+            "env_steps_total": int(h.groupby("trial_id")["env_steps"].max().sum()),
+            "wall_s": 100.0,
+            "trials": len(trials),
+            "stopped_early": 1,
+            "resources": {"gpus_per_trial": 0, "cpus_per_trial": 3},
+        }
         (root / "best_config.yaml").write_text(yaml.safe_dump({**SPEC, "algo": {"lr": 3e-4}}))
     else:
-        h = pd.DataFrame(history_rows("train0", "train", 4096, 3e-4, 20, 1400.0, 450.0)) if history is None \
-            else history
-        summary = summary or {"kind": "train", "env_steps": int(h["env_steps"].max()), "wall_s": 60.0,
-                              "resources": {"gpus_per_trial": 0, "cpus_per_trial": 3}}
+        h = pd.DataFrame(history_rows("train0", "train", 4096, 3e-4, 20, 1400.0, 450.0)) if history is None else history
+        summary = summary or {
+            "kind": "train",
+            "env_steps": int(h["env_steps"].max()),
+            "wall_s": 60.0,
+            "resources": {"gpus_per_trial": 0, "cpus_per_trial": 3},
+        }
     h.to_csv(root / "history.csv", index=False)
     (root / "summary.json").write_text(json.dumps(summary))
     if drill is not None:
@@ -133,7 +183,7 @@ def test_network_pass_fail_na():
 
 
 def test_throughput_against_the_expected_figure():
-    assert acceptance.check_throughput(950.0, 1000.0, "ladder rung 4096").verdict == PASS   # within 10%
+    assert acceptance.check_throughput(950.0, 1000.0, "ladder rung 4096").verdict == PASS  # within 10%
     c = acceptance.check_throughput(850.0, 1000.0, "ladder rung 4096")
     assert c.verdict == FAIL and c.measured == "850" and c.threshold.startswith(">= 900")
     assert acceptance.check_throughput(850.0, None, "no expected figure: set it").verdict == NA
@@ -198,14 +248,23 @@ def test_cost_needs_ten_percent_below_baseline():
 
 
 def test_fault_tolerance_from_drills():
-    good = {"drills": [{"name": "kill_trial", "recovery_s": 42.0, "outcome": "recovered"},
-                       {"name": "kill_node", "recovery_s": 180.0, "outcome": "recovered"}], "restore_rate": 1.0}
+    good = {
+        "drills": [
+            {"name": "kill_trial", "recovery_s": 42.0, "outcome": "recovered"},
+            {"name": "kill_node", "recovery_s": 180.0, "outcome": "recovered"},
+        ],
+        "restore_rate": 1.0,
+    }
     assert acceptance.check_recovery(good).verdict == PASS and acceptance.check_recovery(good).measured == "180.0 s"
     assert acceptance.check_restore(good).verdict == PASS
     slow = {"drills": [{"name": "kill_node", "recovery_s": 301.0, "outcome": "recovered"}], "restore_rate": 1.0}
     assert acceptance.check_recovery(slow).verdict == FAIL
-    failed = {"drills": [{"name": "a", "recovery_s": 10.0, "outcome": "recovered"},
-                         {"name": "b", "recovery_s": None, "outcome": "failed"}]}
+    failed = {
+        "drills": [
+            {"name": "a", "recovery_s": 10.0, "outcome": "recovered"},
+            {"name": "b", "recovery_s": None, "outcome": "failed"},
+        ]
+    }
     c = acceptance.check_recovery(failed)
     assert c.verdict == FAIL and "failed: b" in c.measured
     r = acceptance.check_restore(failed)  # no restore_rate: recovered / run = 50%
@@ -216,10 +275,20 @@ def test_fault_tolerance_from_drills():
 
 def test_part_verdicts():
     C = acceptance.Check
-    checks = [C("hardware", "a", "", "", NA), C("hardware", "b", "", "", PASS), C("training", "c", "", "", FAIL),
-              C("training", "d", "", "", PASS), C("reward", "e", "", "", NA)]
-    assert acceptance.part_verdicts(checks) == {"hardware": PASS, "training": FAIL, "reward": NA, "cost": NA,
-                                            "fault tolerance": NA}
+    checks = [
+        C("hardware", "a", "", "", NA),
+        C("hardware", "b", "", "", PASS),
+        C("training", "c", "", "", FAIL),
+        C("training", "d", "", "", PASS),
+        C("reward", "e", "", "", NA),
+    ]
+    assert acceptance.part_verdicts(checks) == {
+        "hardware": PASS,
+        "training": FAIL,
+        "reward": NA,
+        "cost": NA,
+        "fault tolerance": NA,
+    }
 
 
 def test_thresholds_from_the_spec_acceptance_block(tmp_path):
@@ -245,17 +314,29 @@ def test_load_a_sweep_and_find_its_best_trial(tmp_path):
     assert run.kind == "sweep" and len(run.doubling) == 3 and len(run.trials) == 4
     # t3 returned most (480) but needed 65,536 env steps; t1 reached the target (400) in 49,152.
     assert run.trials.set_index("trial_id")["status"].to_dict() == {
-        "t0": "completed", "t1": "reached_target", "t2": "completed", "t3": "reached_target"}
+        "t0": "completed",
+        "t1": "reached_target",
+        "t2": "completed",
+        "t3": "reached_target",
+    }
     assert run.summary["best"] == {"batch_size": 4096, "lr": 3e-4, "episode_return_mean": 450.0}
     assert best_trial_id(run) == "t1"  # matched on batch size and lr
     run.summary["best"]["trial_id"] = "t0"
     assert best_trial_id(run) == "t0"  # the summary's trial_id wins
     run.summary["best"] = {}
-    assert best_trial_id(run) == "t1"  # no summary: runfolder.rank_trials over trials.csv, fewest env steps to the target
+    assert (
+        best_trial_id(run) == "t1"
+    )  # no summary: runfolder.rank_trials over trials.csv, fewest env steps to the target
     # the spec's own config won the confirmation (it never ran in phase 2): its first run at the target
     run.summary["best"] = {"trial_id": "spec", "batch_size": 2048, "lr": 1e-3}
-    run.confirm = pd.DataFrame({"phase2_trial_id": ["t1", "spec", "spec", "spec"], "seed": [1000, 1000, 2000, 3000],
-                                "trial_id": ["c0", "c1", "c2", "c3"], "reached": [True, False, True, True]})
+    run.confirm = pd.DataFrame(
+        {
+            "phase2_trial_id": ["t1", "spec", "spec", "spec"],
+            "seed": [1000, 1000, 2000, 3000],
+            "trial_id": ["c0", "c1", "c2", "c3"],
+            "reached": [True, False, True, True],
+        }
+    )
     assert best_trial_id(run) == "c2"
     run.summary["best"] = {}
     assert knee_batch(run) == 4096 and knee(ladder_rows(run.doubling)) == 4096
@@ -281,18 +362,23 @@ def test_history_written_before_the_phase_rename_reads_with_todays_names(tmp_pat
     assert set(run.history["phase"]) == {"ladder", "search"}
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda p: (p / "spec.yaml").unlink(), "spec.yaml: missing"),
-    (lambda p: (p / "summary.json").write_text("{not json"), "summary.json: is not valid JSON"),
-    (lambda p: (p / "history.csv").write_text("trial_id,phase\nx,train\n"), "history.csv: lacks column"),
-    (lambda p: (p / "history.csv").write_text(""), "history.csv: is empty"),
-    (lambda p: (p / "doubling.csv").write_text("batch_size,env_steps_per_s,gain,decision\n2048,1,,grow\n"),
-     "decision.*grow"),
-    (lambda p: (p / "trials.csv").unlink(), "trials.csv: missing"),
-    (lambda p: (p / "spec.yaml").write_text("a: [1"), "spec.yaml: is not valid YAML"),
-    (lambda p: (p / "drill.json").write_text('{"drills": [{"name": "x", "outcome": "ok"}]}'), "drills\\[0\\]"),
-    (lambda p: (p / "summary.json").write_text('{"kind": "sweep"}'), "knee_batch_size"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda p: (p / "spec.yaml").unlink(), "spec.yaml: missing"),
+        (lambda p: (p / "summary.json").write_text("{not json"), "summary.json: is not valid JSON"),
+        (lambda p: (p / "history.csv").write_text("trial_id,phase\nx,train\n"), "history.csv: lacks column"),
+        (lambda p: (p / "history.csv").write_text(""), "history.csv: is empty"),
+        (
+            lambda p: (p / "doubling.csv").write_text("batch_size,env_steps_per_s,gain,decision\n2048,1,,grow\n"),
+            "decision.*grow",
+        ),
+        (lambda p: (p / "trials.csv").unlink(), "trials.csv: missing"),
+        (lambda p: (p / "spec.yaml").write_text("a: [1"), "spec.yaml: is not valid YAML"),
+        (lambda p: (p / "drill.json").write_text('{"drills": [{"name": "x", "outcome": "ok"}]}'), "drills\\[0\\]"),
+        (lambda p: (p / "summary.json").write_text('{"kind": "sweep"}'), "knee_batch_size"),
+    ],
+)
 def test_damaged_folders_raise_a_clear_error(tmp_path, damage, message):
     root = write_run(tmp_path / "s")
     damage(root)
@@ -313,14 +399,14 @@ def test_evaluate_a_sweep(tmp_path):
     run = load(write_run(tmp_path / "s"))
     checks = evaluation.evaluate(run)
     v = verdicts(checks)
-    assert v["GPU utilisation (mean)"] == NA            # CPU run
-    assert v["memory (peak)"] == PASS                   # host 40%
+    assert v["GPU utilisation (mean)"] == NA  # CPU run
+    assert v["memory (peak)"] == PASS  # host 40%
     assert v["network (peak of link speed)"] == NA
     thr = next(c for c in checks if c.part == "training" and "env steps" in c.name)
     assert thr.verdict == PASS and "ladder rung 4096" in thr.threshold
     assert v["loss without spikes"] == PASS
-    assert v["episode return (final)"] == PASS           # 450 >= 400
-    assert v["return stability (CV, last 10)"] == FAIL   # the synthetic curve still climbs: CV ~0.15
+    assert v["episode return (final)"] == PASS  # 450 >= 400
+    assert v["return stability (CV, last 10)"] == FAIL  # the synthetic curve still climbs: CV ~0.15
     costc = next(c for c in checks if c.part == "cost")
     # The best trial's batch 4096 ran 1400 env steps/s on the ladder vs the first rung's 1000 at the
     # same resources: -28.6%.
@@ -331,14 +417,15 @@ def test_evaluate_a_sweep(tmp_path):
 
 def test_evaluate_a_train_run_with_a_sweep_baseline_and_drills(tmp_path):
     sweep = load(write_run(tmp_path / "s"))
-    h = pd.DataFrame(history_rows("tr", "train", 4096, 3e-4, 20, 800.0, 450.0, gpu_util=0.95, gpu_mem_util=0.5,
-                                  net_util=0.9))
+    h = pd.DataFrame(
+        history_rows("tr", "train", 4096, 3e-4, 20, 800.0, 450.0, gpu_util=0.95, gpu_mem_util=0.5, net_util=0.9)
+    )
     drill = {"drills": [{"name": "kill_trial", "recovery_s": 30.0, "outcome": "recovered"}], "restore_rate": 1.0}
     train = load(write_run(tmp_path / "t", kind="train", history=h, drill=drill))
     v = verdicts(evaluation.evaluate(train, baseline=sweep))
     assert v["GPU utilisation (mean)"] == PASS
     assert v["network (peak of link speed)"] == FAIL
-    assert v["env steps/s (median)"] == FAIL              # 800 vs the ladder's 1400 at batch 4096
+    assert v["env steps/s (median)"] == FAIL  # 800 vs the ladder's 1400 at batch 4096
     assert v["cost per effective sample vs baseline"] == FAIL  # slower at the same price: dearer
     assert v["recovery time (worst drill)"] == PASS and v["checkpoint restore rate"] == PASS
     costc = next(c for c in evaluation.evaluate(train, baseline=sweep) if c.part == "cost")
@@ -347,8 +434,13 @@ def test_evaluate_a_train_run_with_a_sweep_baseline_and_drills(tmp_path):
     alone = verdicts(evaluation.evaluate(train))
     assert alone["env steps/s (median)"] == NA and alone["cost per effective sample vs baseline"] == NA
     # Against another train run: 1400 steps/s vs 1000 at the same resources is 28.6% cheaper.
-    slow = load(write_run(tmp_path / "slow", kind="train",
-                          history=pd.DataFrame(history_rows("x", "train", 4096, 3e-4, 20, 1000.0, 450.0))))
+    slow = load(
+        write_run(
+            tmp_path / "slow",
+            kind="train",
+            history=pd.DataFrame(history_rows("x", "train", 4096, 3e-4, 20, 1000.0, 450.0)),
+        )
+    )
     fast = load(write_run(tmp_path / "fast", kind="train"))
     c = next(c for c in evaluation.evaluate(fast, baseline=slow) if c.part == "cost")
     assert c.verdict == PASS and c.measured.startswith("-28.")
@@ -369,8 +461,16 @@ def test_report_writes_every_section_and_plots(tmp_path, capsys):
     root = write_run(tmp_path / "s")
     assert report.main([str(root)]) == 0
     text = (root / "report.md").read_text()
-    for section in ("## Summary", "## Acceptance", "## Cost", "## Throughput ladder", "## Trials", "## Training",
-                    "## Fault tolerance", "## Plots"):
+    for section in (
+        "## Summary",
+        "## Acceptance",
+        "## Cost",
+        "## Throughput ladder",
+        "## Trials",
+        "## Training",
+        "## Fault tolerance",
+        "## Plots",
+    ):
         assert section in text
     for part in acceptance.PARTS:
         assert f"| {part} |" in text
@@ -378,8 +478,11 @@ def test_report_writes_every_section_and_plots(tmp_path, capsys):
         data = (root / "plots" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
         assert f"(plots/{png})" in text
-    assert capsys.readouterr().out.strip().endswith(
-        "report.md: hardware PASS, training PASS, reward FAIL, cost PASS, fault tolerance N/A")
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .endswith("report.md: hardware PASS, training PASS, reward FAIL, cost PASS, fault tolerance N/A")
+    )
     assert report.main([str(root), "--strict"]) == 1  # stability fails on the synthetic run
 
 
@@ -408,6 +511,7 @@ def test_report_on_a_bad_folder_exits_2_writes_nothing(tmp_path, capsys):
 
 def test_cli_dispatches_report(tmp_path):
     from rayrl import cli
+
     assert cli.main(["report", str(write_run(tmp_path / "s"))]) == 0
     assert cli.main(["report", str(tmp_path / "missing")]) == 2
 
@@ -443,8 +547,10 @@ def test_report_without_matplotlib_still_writes_the_tables(tmp_path, monkeypatch
 
 def test_plots_of_data_a_run_lacks_say_so(tmp_path):
     run = load(write_run(tmp_path / "t", kind="train"))
-    for plot, message in ((plots.plot_doubling, "no doubling ladder (not a sweep)"),
-                          (plots.plot_lr_return, "no phase-2 trials")):
+    for plot, message in (
+        (plots.plot_doubling, "no doubling ladder (not a sweep)"),
+        (plots.plot_lr_return, "no phase-2 trials"),
+    ):
         ax = plot(run)
         assert [t.get_text() for t in ax.texts] == [message] and not ax.lines and not ax.collections
 
@@ -456,12 +562,17 @@ def test_lr_plot_tick_labels_do_not_collide_and_the_legend_names_what_matters(tm
     for n, lr in enumerate((1.2e-4, 1.6e-4, 2.7e-4)):
         rows += history_rows(f"t{n}", "search", 2048 * (1 + n % 2), lr, 6, 1000.0, 100.0 + 50 * n)
     spec = {**SPEC, "search": {"doubling": {"min_gain": 0.15}, "lr_min": 1e-4, "lr_max": 3e-4}}
-    run = load(write_run(tmp_path / "s", history=pd.DataFrame(rows, columns=list(runfolder.HISTORY_COLUMNS)), spec=spec))
+    run = load(
+        write_run(tmp_path / "s", history=pd.DataFrame(rows, columns=list(runfolder.HISTORY_COLUMNS)), spec=spec)
+    )
     ax = plots.plot_lr_return(run)
     ax.figure.draw_without_rendering()
     lo, hi = ax.get_xlim()
-    labels = [t for t in ax.get_xticklabels(which="both")
-              if t.get_visible() and t.get_text() and lo <= t.get_position()[0] <= hi]
+    labels = [
+        t
+        for t in ax.get_xticklabels(which="both")
+        if t.get_visible() and t.get_text() and lo <= t.get_position()[0] <= hi
+    ]
     assert len(labels) >= 2, [t.get_text() for t in labels]
     boxes = sorted((t.get_window_extent() for t in labels), key=lambda b: b.x0)
     assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), [t.get_text() for t in labels]
@@ -470,16 +581,22 @@ def test_lr_plot_tick_labels_do_not_collide_and_the_legend_names_what_matters(tm
     assert legend == ["batch 2048", "batch 4096", "best t2", "target return 400"], legend
 
 
-
 def test_trial_and_training_plots_name_every_line_and_what_was_not_measured(tmp_path):
     run = load(write_run(tmp_path / "s"))
     legend = [t.get_text() for t in plots.plot_trial_curves(run).get_legend().get_texts()]
-    assert legend == ["t0: lr 1.0e-04, batch 4096", "t1: lr 3.0e-04, batch 4096 (best)",
-                      "t2: lr 1.0e-03, batch 4096", "t3: lr 5.0e-04, batch 4096", "target return 400"], legend
+    assert legend == [
+        "t0: lr 1.0e-04, batch 4096",
+        "t1: lr 3.0e-04, batch 4096 (best)",
+        "t2: lr 1.0e-03, batch 4096",
+        "t3: lr 5.0e-04, batch 4096",
+        "target return 400",
+    ], legend
     fig = plots.figures(run)["training.png"]
     ret, rate, _, hardware = fig.axes
     assert [t.get_text() for t in rate.get_legend().get_texts()] == [
-        "env steps/s (end to end)", "learner samples/s (epochs included)"]
+        "env steps/s (end to end)",
+        "learner samples/s (epochs included)",
+    ]
     assert "target return 400" in [t.get_text() for t in ret.get_legend().get_texts()]
     assert [t.get_text() for t in hardware.texts] == ["not measured: GPU, GPU memory, network (of link speed)"]
     assert hardware.get_ylabel() == "utilisation (fraction, 0..1)"

@@ -30,29 +30,35 @@ SPECS = [
 def test_the_model_equals_rllibs_placement_group(data):
     spec = S.from_dict(data)
     request = algorithm_class(spec.algo.name).default_resource_request(build_config(spec)).required_resources
-    assert resources.of_spec(spec) == TrialResources(gpus=float(request.get("GPU", 0.0)),
-                                                     cpus=float(request.get("CPU", 0.0)))
+    assert resources.of_spec(spec) == TrialResources(
+        gpus=float(request.get("GPU", 0.0)), cpus=float(request.get("CPU", 0.0))
+    )
 
 
 def test_gpu_learners_are_counted_where_they_run():
     # A local learner on the trial's process with one GPU, 2 env runners of 1 CPU.
-    assert resources.trial_resources(ResourcesSpec(env_runners=2, learners=0, gpus_per_learner=1.0)) == \
-        TrialResources(gpus=1.0, cpus=3.0)
+    assert resources.trial_resources(ResourcesSpec(env_runners=2, learners=0, gpus_per_learner=1.0)) == TrialResources(
+        gpus=1.0, cpus=3.0
+    )
     # 4 remote GPU learners with 2 CPUs each, 8 env runners, plus the trial's own CPU.
-    assert resources.trial_resources({"env_runners": 8, "learners": 4, "gpus_per_learner": 1.0,
-                                      "cpus_per_learner": 2.0}) == TrialResources(gpus=4.0, cpus=17.0)
+    assert resources.trial_resources(
+        {"env_runners": 8, "learners": 4, "gpus_per_learner": 1.0, "cpus_per_learner": 2.0}
+    ) == TrialResources(gpus=4.0, cpus=17.0)
     assert resources.trial_resources({}) == TrialResources(gpus=0.0, cpus=2.0)  # spec defaults
     assert resources.trial_resources({}, evaluation_env_runners=2) == TrialResources(gpus=0.0, cpus=4.0)
 
 
-@pytest.mark.parametrize("cluster,held,configured,expected", [
-    ({"CPU": 2.0}, TrialResources(0.0, 2.0), 0, 1),
-    ({"CPU": 2.0}, TrialResources(0.0, 1.0), 0, 2),
-    ({"CPU": 64.0, "GPU": 8.0}, TrialResources(2.0, 5.0), 0, 4),   # GPUs are the limit
-    ({"CPU": 8.0, "GPU": 8.0}, TrialResources(1.0, 5.0), 0, 1),    # CPUs are the limit
-    ({"CPU": 1.0}, TrialResources(0.0, 4.0), 0, 1),                # never below one
-    ({"CPU": 64.0}, TrialResources(0.0, 1.0), 3, 3),               # the spec's explicit number wins
-])
+@pytest.mark.parametrize(
+    "cluster,held,configured,expected",
+    [
+        ({"CPU": 2.0}, TrialResources(0.0, 2.0), 0, 1),
+        ({"CPU": 2.0}, TrialResources(0.0, 1.0), 0, 2),
+        ({"CPU": 64.0, "GPU": 8.0}, TrialResources(2.0, 5.0), 0, 4),  # GPUs are the limit
+        ({"CPU": 8.0, "GPU": 8.0}, TrialResources(1.0, 5.0), 0, 1),  # CPUs are the limit
+        ({"CPU": 1.0}, TrialResources(0.0, 4.0), 0, 1),  # never below one
+        ({"CPU": 64.0}, TrialResources(0.0, 1.0), 3, 3),  # the spec's explicit number wins
+    ],
+)
 def test_max_concurrent_trials(cluster, held, configured, expected):
     assert resources.max_concurrent_trials(cluster, held, configured) == expected
 

@@ -9,10 +9,10 @@ node, 10 GB/s and 0 us across nodes; $2 per GPU-hour, $0.5 per CPU-hour.
 import math
 
 import pytest
-
 from plan_run import CLUSTER
-from rayrl.scale import cluster, measure, model, schedule
+
 from rayrl.errors import SpecError
+from rayrl.scale import cluster, measure, model, schedule
 from rayrl.spec import CostSpec
 
 PRICES = CostSpec(gpu_hour_usd=2.0, cpu_hour_usd=0.5, spot_discount=0.0)
@@ -20,8 +20,17 @@ HAND = cluster.from_dict(CLUSTER)
 
 
 def base(**kw) -> model.Measured:
-    fields = dict(algo="PPO", batch_per_learner=1000, minibatch=250, epochs=2, learners=0, env_runners=2,
-                  sample_s=0.5, learn_s=1.0, grad_bytes=1e9)
+    fields = dict(
+        algo="PPO",
+        batch_per_learner=1000,
+        minibatch=250,
+        epochs=2,
+        learners=0,
+        env_runners=2,
+        sample_s=0.5,
+        learn_s=1.0,
+        grad_bytes=1e9,
+    )
     return model.Measured(**{**fields, **kw})
 
 
@@ -82,8 +91,8 @@ def test_critical_batch_sets_env_steps_and_time_to_target():
 
 def test_fit_critical_batch():
     assert model.fit_critical_batch([(1000, 2e6), (2000, 3e6)]) == (pytest.approx(1e6), pytest.approx(1000.0))
-    assert model.fit_critical_batch([(1000, 2e6), (1000, 3e6)]) is None      # one batch size
-    assert model.fit_critical_batch([(1000, 3e6), (2000, 2e6)]) is None      # larger batch, fewer steps: noise
+    assert model.fit_critical_batch([(1000, 2e6), (1000, 3e6)]) is None  # one batch size
+    assert model.fit_critical_batch([(1000, 3e6), (2000, 2e6)]) is None  # larger batch, fewer steps: noise
 
 
 def test_schedule_doubles_and_stops_below_the_gate():

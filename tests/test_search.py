@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from rayrl.observe import keys
-from rayrl import spec as S
-from rayrl.sweep.search import DoublingSearcher, Phase2Space
 from ray.tune.search import Searcher
+
+from rayrl import spec as S
+from rayrl.observe import keys
+from rayrl.sweep.search import DoublingSearcher, Phase2Space
 
 SPEC = S.from_dict({"search": {"doubling": {"start": 2048, "cap": 16384, "warmup_iters": 1, "measure_iters": 3}}})
 

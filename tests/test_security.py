@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import RAY, ROOT, ray_head, submit_job, subprocess_env
 
 
@@ -47,7 +46,8 @@ SECRET_PATTERNS = {
     "Ray auth token literal": re.compile(r"RAY_AUTH_TOKEN\s*[=:]\s*['\"]?(?!\$)[A-Za-z0-9]{16,}"),
     "hard-coded credential": re.compile(
         r"(?i)\b(?:token|secret|password|passwd|api_key|apikey|access_key)\b[\"']?\s*[:=]\s*[\"']"
-        r"(?![$<{])[A-Za-z0-9+/_\-]{20,}[\"']"),
+        r"(?![$<{])[A-Za-z0-9+/_\-]{20,}[\"']"
+    ),
     "64-hex token": re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])"),
 }
 # Binary or generated files where long hex runs are content hashes, not secrets.
@@ -97,17 +97,32 @@ def test_the_scanner_catches_what_it_looks_for():
     assert not SECRET_PATTERNS["hard-coded credential"].search('token: "${RAY_TOKEN}"')
 
 
-@pytest.mark.parametrize("name", ["auth_token", ".ray/auth_token", "cluster_configs/auth_token", "ray.token",
-                                  "secrets/cluster.token", "tls/server.key", "tls/ca.pem", "tls/server.pem",
-                                  ".env", "runs/x/history.csv"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "auth_token",
+        ".ray/auth_token",
+        "cluster_configs/auth_token",
+        "ray.token",
+        "secrets/cluster.token",
+        "tls/server.key",
+        "tls/ca.pem",
+        "tls/server.pem",
+        ".env",
+        "runs/x/history.csv",
+    ],
+)
 def test_gitignore_keeps_token_and_key_files_out(name):
     ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", name], cwd=ROOT)
     assert ignored.returncode == 0, f"{name} is not covered by .gitignore"
 
 
 def test_no_token_or_key_file_is_tracked():
-    bad = [p for p in tracked_files() if p.name == "auth_token" or p.suffix in (".token", ".pem", ".key")
-           or p.name == ".env"]
+    bad = [
+        p
+        for p in tracked_files()
+        if p.name == "auth_token" or p.suffix in (".token", ".pem", ".key") or p.name == ".env"
+    ]
     assert not bad, bad
 
 
@@ -120,8 +135,9 @@ def test_shipped_configs_read_the_token_from_a_file_and_expose_no_port():
         values = json.dumps(docs)  # values only, not the comments
         # an Ingress resource or a LoadBalancer/NodePort service would publish ports (a NetworkPolicy's
         # policyTypes [Ingress] is the opposite: it fences pods in)
-        assert not re.search(r"\b(LoadBalancer|NodePort)\b|\"kind\": \"Ingress\"|hostPort|\"hostNetwork\": true",
-                             values), path
+        assert not re.search(
+            r"\b(LoadBalancer|NodePort)\b|\"kind\": \"Ingress\"|hostPort|\"hostNetwork\": true", values
+        ), path
         # Ray 2.60 starts the Ray Client server whenever grpc is installed; the configs name its port
         # so the firewall / security group can keep it inside the cluster (docs/security.md)
         if "head_start_ray_commands" in docs[0]:
@@ -224,8 +240,11 @@ def test_a_head_refuses_jobs_and_drivers_without_the_token(tmp_path, token_file)
         ok = _connect(head.gcs, with_token)
         assert "CONNECTED 1.0" in ok.stdout, ok.stdout + ok.stderr
 
-        leaked = [str(p) for p in head.temp_dir.rglob("*") if p.is_file() and p.stat().st_size < 50_000_000
-                  and token.encode() in p.read_bytes()]
+        leaked = [
+            str(p)
+            for p in head.temp_dir.rglob("*")
+            if p.is_file() and p.stat().st_size < 50_000_000 and token.encode() in p.read_bytes()
+        ]
         assert not leaked and token not in accepted.stdout + accepted.stderr, leaked
 
 
@@ -236,12 +255,20 @@ def test_the_local_ray_rayrl_starts_has_token_auth_on(tmp_path, token_file):
     env = subprocess_env(RAY_AUTH_TOKEN_PATH=str(token_file))
     env.pop("RAY_AUTH_MODE", None)  # rayrl's default, not the caller's choice, is under test
     env.pop("RAY_AUTH_TOKEN", None)
-    code = ("import json, sys, time, ray; from rayrl import runtime; runtime.init_ray(None, 1); "
-            "from ray._raylet import get_authentication_mode, AuthenticationMode; "
-            "print(json.dumps({'gcs': ray.get_runtime_context().gcs_address, "
-            "'token': get_authentication_mode() == AuthenticationMode.TOKEN}), flush=True); time.sleep(600)")
-    owner = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    code = (
+        "import json, sys, time, ray; from rayrl import runtime; runtime.init_ray(None, 1); "
+        "from ray._raylet import get_authentication_mode, AuthenticationMode; "
+        "print(json.dumps({'gcs': ray.get_runtime_context().gcs_address, "
+        "'token': get_authentication_mode() == AuthenticationMode.TOKEN}), flush=True); time.sleep(600)"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         info = json.loads(owner.stdout.readline())
         assert info["token"] is True

@@ -43,8 +43,10 @@ def test_shipped_configs_cover_the_three_algorithms_and_a_gpu_preset():
 
 
 def test_overrides_parse_yaml_values_and_nest():
-    data = S.apply_overrides({"algo": {"lr": 1e-3}}, ["algo.lr=1e-4", "model.hidden=[32, 32]",
-                                                      "search.doubling.cap=8192", "stop.wall_s=null"])
+    data = S.apply_overrides(
+        {"algo": {"lr": 1e-3}},
+        ["algo.lr=1e-4", "model.hidden=[32, 32]", "search.doubling.cap=8192", "stop.wall_s=null"],
+    )
     spec = S.from_dict(data)
     assert spec.algo.lr == pytest.approx(1e-4)
     assert spec.model.hidden == [32, 32]
@@ -67,7 +69,8 @@ def test_scaled_lr_single_learner_is_unchanged():
 
 def test_env_factory_import_path(tmp_path, monkeypatch):
     (tmp_path / "my_envs.py").write_text(
-        "import gymnasium\ndef make(cfg):\n    return gymnasium.make('CartPole-v1', **cfg)\n")
+        "import gymnasium\ndef make(cfg):\n    return gymnasium.make('CartPole-v1', **cfg)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     spec = S.from_dict({"env": {"id": "my_envs:make", "config": {"max_episode_steps": 50}}})
     env = S.resolve_factory(spec.env.id)(dict(spec.env.config))
@@ -127,8 +130,15 @@ def test_bad_config_raises_spec_error_naming_the_field(data, field, valid):
     assert valid in message
 
 
-@pytest.mark.parametrize("item,fragment", [("algo.lr", "section.key=value"), ("=3", "section.key=value"),
-                                           ("algo..lr=1", "section.key=value"), ("algo.lr.x=1", "is a value")])
+@pytest.mark.parametrize(
+    "item,fragment",
+    [
+        ("algo.lr", "section.key=value"),
+        ("=3", "section.key=value"),
+        ("algo..lr=1", "section.key=value"),
+        ("algo.lr.x=1", "is a value"),
+    ],
+)
 def test_bad_override_syntax(item, fragment):
     with pytest.raises(SpecError, match=fragment):
         S.apply_overrides({"algo": {"lr": 1e-3}}, [item])
@@ -152,8 +162,12 @@ CLI_BAD = BAD[:15] + BAD[17:20]
 def test_cli_bad_config_exits_2_with_one_paragraph_and_no_ray(tmp_path, data, field, valid):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(yaml.safe_dump(data))
-    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", "train", "--config", str(cfg), "--storage",
-                           str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", "train", "--config", str(cfg), "--storage", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert field in proc.stderr and valid.split()[-1] in proc.stderr
@@ -163,11 +177,30 @@ def test_cli_bad_config_exits_2_with_one_paragraph_and_no_ray(tmp_path, data, fi
 
 def test_cli_bad_override_and_unknown_flag(tmp_path):
     cfg = ROOT / "experiments" / "configs" / "cartpole_ppo.yaml"
-    bad = subprocess.run([sys.executable, "-m", "rayrl.cli", "train", "--config", str(cfg), "--set", "algo.lrr=1",
-                          "--storage", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rayrl.cli",
+            "train",
+            "--config",
+            str(cfg),
+            "--set",
+            "algo.lrr=1",
+            "--storage",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "algo.lrr" in bad.stderr and "Traceback" not in bad.stderr
-    flag = subprocess.run([sys.executable, "-m", "rayrl.cli", "train", "--config", str(cfg), "--bogus"],
-                          capture_output=True, text=True, timeout=120)
+    flag = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", "train", "--config", str(cfg), "--bogus"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert flag.returncode == 2 and "--bogus" in flag.stderr and "Traceback" not in flag.stderr
 
 
@@ -175,8 +208,12 @@ def test_cli_unwritable_storage_exits_2(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     cfg = ROOT / "experiments" / "configs" / "cartpole_ppo.yaml"
-    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", "train", "--config", str(cfg), "--storage",
-                           str(blocker / "runs")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", "train", "--config", str(cfg), "--storage", str(blocker / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "--storage" in proc.stderr and "Traceback" not in proc.stderr
     assert blocker.read_text() == "not a folder"
 
@@ -185,7 +222,11 @@ def test_cli_spec_lists_fields_and_resolves_a_config():
     out = subprocess.run([sys.executable, "-m", "rayrl.cli", "spec"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "search.doubling.min_gain" in out.stdout
     cfg = ROOT / "experiments" / "configs" / "cartpole_ppo.yaml"
-    res = subprocess.run([sys.executable, "-m", "rayrl.cli", "spec", "--config", str(cfg), "--set", "algo.lr=0.001"],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", "spec", "--config", str(cfg), "--set", "algo.lr=0.001"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0
     assert yaml.safe_load(res.stdout)["algo"]["lr"] == pytest.approx(1e-3)

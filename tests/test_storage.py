@@ -13,23 +13,27 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, small_disk, subprocess_env
 
 from rayrl import runtime
 from rayrl.errors import SpecError
-from rayrl.storage import files, lock as lock_mod, mirror, uri
-
-from conftest import ROOT, small_disk, subprocess_env
+from rayrl.storage import files, mirror, uri
+from rayrl.storage import lock as lock_mod
 
 CONFIG = ROOT / "experiments" / "configs" / "cartpole_ppo.yaml"
 
 
 # --- URIs -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value, words", [
-    ("ftp://host/runs", ["'ftp://'", "s3://"]),
-    ("s3:///runs", ["names no bucket", "s3://BUCKET"]),
-    ("gs://", ["names no bucket"]),
-])
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("ftp://host/runs", ["'ftp://'", "s3://"]),
+        ("s3:///runs", ["names no bucket", "s3://BUCKET"]),
+        ("gs://", ["names no bucket"]),
+    ],
+)
 def test_bad_storage_uris_are_one_clear_paragraph(value, words):
     with pytest.raises(SpecError) as err:
         uri.parse(value)
@@ -47,13 +51,19 @@ def test_local_paths_and_children_keep_the_query(tmp_path):
 
 
 def test_cli_rejects_a_bad_uri_before_ray(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", "train", "--config", str(CONFIG), "--storage",
-                           "ftp://host/runs"], env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", "train", "--config", str(CONFIG), "--storage", "ftp://host/runs"],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "'ftp://'" in proc.stderr and "Traceback" not in proc.stderr
     assert "Started a local Ray" not in proc.stdout + proc.stderr
 
 
 # --- atomic writes and a full disk -------------------------------------------------------------------
+
 
 def _fill(folder: Path) -> Path:
     """Fill the disk under ``folder`` to the last byte."""
@@ -80,8 +90,10 @@ def full_disk(tmp_path, monkeypatch):
         if mounted:
             filler = _fill(disk)
         else:
+
             def no_space(fd, data):
                 raise OSError(errno.ENOSPC, "No space left on device")
+
             monkeypatch.setattr(files.os, "write", no_space)
             filler = None
         yield disk / "run", filler
@@ -115,15 +127,18 @@ def _info(host=HOST, pid=1, age=0.0, pid_start=None):
     return {"host": host, "pid": pid, "heartbeat": 1000.0 - age, "pid_start": pid_start}
 
 
-@pytest.mark.parametrize("info, started, stale", [
-    (_info(pid=42), {42: 5.0}, None),                               # alive here, fresh beat: held
-    (_info(pid=42), {}, "gone from this host"),                     # dead here
-    (_info(pid=42, pid_start=5.0), {42: 900.0}, "another process"),  # pid reused
-    (_info(host="other", age=30), {}, None),                        # other host, fresh beat: held
-    (_info(host="other", age=121), {}, "heartbeat is 121 s old"),   # other host, silent: stale
-    ({"host": HOST}, {}, "unreadable"),
-    (None, {}, "no lock"),
-])
+@pytest.mark.parametrize(
+    "info, started, stale",
+    [
+        (_info(pid=42), {42: 5.0}, None),  # alive here, fresh beat: held
+        (_info(pid=42), {}, "gone from this host"),  # dead here
+        (_info(pid=42, pid_start=5.0), {42: 900.0}, "another process"),  # pid reused
+        (_info(host="other", age=30), {}, None),  # other host, fresh beat: held
+        (_info(host="other", age=121), {}, "heartbeat is 121 s old"),  # other host, silent: stale
+        ({"host": HOST}, {}, "unreadable"),
+        (None, {}, "no lock"),
+    ],
+)
 def test_lock_staleness_rules(info, started, stale):
     reason = lock_mod.staleness(info, 1000.0, HOST, 120.0, started=lambda pid: started.get(pid))
     assert (reason is None) if stale is None else (stale in reason)
@@ -140,8 +155,11 @@ with runtime.claim(paths):
 
 
 def _digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != lock_mod.LOCK_FILE}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != lock_mod.LOCK_FILE
+    }
 
 
 def test_a_second_start_with_the_same_name_exits_2_and_touches_nothing(tmp_path):
@@ -149,14 +167,34 @@ def test_a_second_start_with_the_same_name_exits_2_and_touches_nothing(tmp_path)
     run.mkdir()
     (run / "spec.yaml").write_text("name: first\n")
     (run / "history.csv").write_text("trial_id,env_steps\nt,100\n")
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path), "dup"], env=subprocess_env(),
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path), "dup"],
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         before = _digest(run)
-        second = subprocess.run([sys.executable, "-m", "rayrl.cli", "train", "--config", str(CONFIG), "--storage",
-                                 str(tmp_path), "--name", "dup"], env=subprocess_env(), capture_output=True,
-                                text=True, timeout=120)
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rayrl.cli",
+                "train",
+                "--config",
+                str(CONFIG),
+                "--storage",
+                str(tmp_path),
+                "--name",
+                "dup",
+            ],
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert second.returncode == 2, second.stderr
         said = " ".join(second.stderr.split())
         assert "in use by another rayrl process" in said and f"pid {holder.pid}" in said
@@ -199,6 +237,7 @@ def test_the_heartbeat_keeps_a_long_run_fresh(tmp_path):
 
 # --- object storage (moto's S3 server) -------------------------------------------------------------
 
+
 def test_object_storage_mirror_bucket_wins_and_wipes_are_survived(s3_server, monkeypatch, tmp_path):
     for key, value in s3_server.env.items():
         monkeypatch.setenv(key, value)
@@ -212,8 +251,9 @@ def test_object_storage_mirror_bucket_wins_and_wipes_are_survived(s3_server, mon
     assert keys - {"unit/m/"} == {"unit/m/summary.json", "unit/m/spec.yaml"}  # (pyarrow's folder marker)
     with runtime.claim(paths):  # the start pulls the bucket: its files win, strays go
         assert {p.name for p in paths.run_dir.iterdir()} == {"summary.json", "spec.yaml"}
-        assert "unit/m/.rayrl-lock.json" in {o["Key"] for o in s3_server.client.list_objects_v2(
-            Bucket="rayrl", Prefix="unit/m/")["Contents"]}
+        assert "unit/m/.rayrl-lock.json" in {
+            o["Key"] for o in s3_server.client.list_objects_v2(Bucket="rayrl", Prefix="unit/m/")["Contents"]
+        }
         with pytest.raises(lock_mod.LockHeld):
             with runtime.claim(runtime.resolve("s3://rayrl/unit", "m")):
                 pass
@@ -227,9 +267,13 @@ def test_object_storage_mirror_bucket_wins_and_wipes_are_survived(s3_server, mon
 
 
 def test_an_unwritable_bucket_exits_2_before_ray(s3_server):
-    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", "train", "--config", str(CONFIG), "--storage",
-                           "s3://no-such-bucket/runs"], env=subprocess_env(**s3_server.env), capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", "train", "--config", str(CONFIG), "--storage", "s3://no-such-bucket/runs"],
+        env=subprocess_env(**s3_server.env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     said = " ".join(proc.stderr.split())
     assert proc.returncode == 2 and "s3://no-such-bucket/runs" in said and "not writable" in said
     assert "Traceback" not in proc.stderr and "Started a local Ray" not in proc.stdout + proc.stderr
@@ -237,8 +281,13 @@ def test_an_unwritable_bucket_exits_2_before_ray(s3_server):
 
 @pytest.mark.parametrize("command", ["report", "doctor", "drill"])
 def test_readers_take_a_uri_and_name_an_empty_one(s3_server, command):
-    proc = subprocess.run([sys.executable, "-m", "rayrl.cli", command, "s3://rayrl/nothing/here"],
-                          env=subprocess_env(**s3_server.env), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", command, "s3://rayrl/nothing/here"],
+        env=subprocess_env(**s3_server.env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     said = " ".join(proc.stderr.split())
     assert proc.returncode == 2 and "s3://rayrl/nothing/here" in said and "no files there" in said, proc.stderr
     assert "Traceback" not in proc.stderr

@@ -11,9 +11,9 @@ import time
 import pandas as pd
 import pytest
 import yaml
+from conftest import ROOT, small_disk, subprocess_env, tune_state_names_a_checkpoint
 
 from rayrl.observe import keys
-from conftest import ROOT, small_disk, subprocess_env, tune_state_names_a_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -23,16 +23,44 @@ def test_a_full_disk_stops_train_with_a_clear_error_and_it_resumes_once_freed(tm
     with small_disk(disk, "64m") as mounted:
         if not mounted:
             pytest.skip("mounting a tmpfs needs root; tests/test_storage.py injects ENOSPC at the write instead")
-        cmd = [sys.executable, "-m", "rayrl.cli", "train", "--config", str(ROOT / "experiments/configs/cartpole_ppo.yaml"),
-               "--storage", str(disk), "--name", "full", "--num-cpus", "2", "--set", "env.envs_per_runner=2",
-               "--set", "algo.train_batch_per_learner=512", "--set", "algo.minibatch_size=256", "--set", "algo.epochs=1",
-               "--set", "resources.env_runners=0", "--set", "checkpoint.every=1", "--set", "stop.episode_return=100000",
-               "--set", "stop.env_steps=6144"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "rayrl.cli",
+            "train",
+            "--config",
+            str(ROOT / "experiments/configs/cartpole_ppo.yaml"),
+            "--storage",
+            str(disk),
+            "--name",
+            "full",
+            "--num-cpus",
+            "2",
+            "--set",
+            "env.envs_per_runner=2",
+            "--set",
+            "algo.train_batch_per_learner=512",
+            "--set",
+            "algo.minibatch_size=256",
+            "--set",
+            "algo.epochs=1",
+            "--set",
+            "resources.env_runners=0",
+            "--set",
+            "checkpoint.every=1",
+            "--set",
+            "stop.episode_return=100000",
+            "--set",
+            "stop.env_steps=6144",
+        ]
         run = disk / "full"
         first = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 240
-        while not ((run / "history.csv").exists() and len(pd.read_csv(run / "history.csv")) >= 2
-                   and tune_state_names_a_checkpoint(run / "tune")):
+        while not (
+            (run / "history.csv").exists()
+            and len(pd.read_csv(run / "history.csv")) >= 2
+            and tune_state_names_a_checkpoint(run / "tune")
+        ):
             assert first.poll() is None and time.monotonic() < deadline, "no progress: " + first.stderr.read()[-3000:]
             time.sleep(0.2)
         filler = disk / "filler"
@@ -58,7 +86,7 @@ def test_a_full_disk_stops_train_with_a_clear_error_and_it_resumes_once_freed(tm
         again = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=300)
         assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
         after = pd.read_csv(run / "history.csv")
-        resumed = after.iloc[len(history):]
+        resumed = after.iloc[len(history) :]
         summary = json.loads((run / "summary.json").read_text())
         assert summary["status"] == "finished" and summary["env_steps"] >= 6144
         first = int(resumed[keys.ITERATION].iloc[0])

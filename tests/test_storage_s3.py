@@ -17,23 +17,74 @@ import time
 import pandas as pd
 import pytest
 import yaml
+from conftest import ROOT, state_names_a_checkpoint, subprocess_env
 
 from rayrl.observe import keys
-from conftest import ROOT, state_names_a_checkpoint, subprocess_env
 
 pytestmark = pytest.mark.slow
 
-TINY = ["--set", "env.envs_per_runner=2", "--set", "algo.train_batch_per_learner=512",
-        "--set", "algo.minibatch_size=256", "--set", "algo.epochs=1", "--set", "resources.env_runners=0"]
-SWEEP = [sys.executable, str(ROOT / "experiments" / "sweep.py"), "--storage", "s3://rayrl/e2e", "--name", "sw",
-         "--num-cpus", "2", *TINY, "--set", "search.doubling.start=512", "--set", "search.doubling.cap=512",
-         "--set", "search.doubling.warmup_iters=0", "--set", "search.doubling.measure_iters=1",
-         "--set", "search.num_samples=2", "--set", "search.max_env_steps=1024",
-         "--set", "search.grace_env_steps=512", "--set", "search.max_concurrent=1",
-         "--set", "search.min_batch=512"]  # phase 2 on the one rung only
-TRAIN = [sys.executable, "-m", "rayrl.cli", "train", "--config", str(ROOT / "experiments/configs/cartpole_ppo.yaml"),
-         "--storage", "s3://rayrl/e2e", "--name", "tr", "--num-cpus", "2", *TINY, "--set", "checkpoint.every=1",
-         "--set", "stop.episode_return=100000", "--set", "stop.env_steps=6144"]
+TINY = [
+    "--set",
+    "env.envs_per_runner=2",
+    "--set",
+    "algo.train_batch_per_learner=512",
+    "--set",
+    "algo.minibatch_size=256",
+    "--set",
+    "algo.epochs=1",
+    "--set",
+    "resources.env_runners=0",
+]
+SWEEP = [
+    sys.executable,
+    str(ROOT / "experiments" / "sweep.py"),
+    "--storage",
+    "s3://rayrl/e2e",
+    "--name",
+    "sw",
+    "--num-cpus",
+    "2",
+    *TINY,
+    "--set",
+    "search.doubling.start=512",
+    "--set",
+    "search.doubling.cap=512",
+    "--set",
+    "search.doubling.warmup_iters=0",
+    "--set",
+    "search.doubling.measure_iters=1",
+    "--set",
+    "search.num_samples=2",
+    "--set",
+    "search.max_env_steps=1024",
+    "--set",
+    "search.grace_env_steps=512",
+    "--set",
+    "search.max_concurrent=1",
+    "--set",
+    "search.min_batch=512",
+]  # phase 2 on the one rung only
+TRAIN = [
+    sys.executable,
+    "-m",
+    "rayrl.cli",
+    "train",
+    "--config",
+    str(ROOT / "experiments/configs/cartpole_ppo.yaml"),
+    "--storage",
+    "s3://rayrl/e2e",
+    "--name",
+    "tr",
+    "--num-cpus",
+    "2",
+    *TINY,
+    "--set",
+    "checkpoint.every=1",
+    "--set",
+    "stop.episode_return=100000",
+    "--set",
+    "stop.env_steps=6144",
+]
 
 
 def _run(cmd: list[str], env: dict, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -73,20 +124,26 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
     assert yaml.safe_load(get("sw/spec.yaml"))["search"]["num_samples"] == 2
     assert set(pd.read_csv(io.BytesIO(get("sw/history.csv")))["phase"]) == {"ladder", "search", "confirm"}
     assert len(pd.read_csv(io.BytesIO(get("sw/confirm.csv")))) == summary["confirm"]["candidates"][0]["runs"] * len(
-        summary["confirm"]["candidates"])
+        summary["confirm"]["candidates"]
+    )
 
     again = _run(SWEEP, env)  # from the bucket alone
     assert "ladder already finished" in again.stdout and "resuming from the bucket" in again.stdout
     assert "[ladder" not in again.stdout and "[search" not in again.stdout  # nothing reran
     assert "confirm already finished" in again.stdout and "[confirm" not in again.stdout
-    assert pd.read_csv(io.BytesIO(get("sw/trials.csv"))).sort_values("trial_id").reset_index(drop=True).equals(
-        trials.sort_values("trial_id").reset_index(drop=True))
+    assert (
+        pd.read_csv(io.BytesIO(get("sw/trials.csv")))
+        .sort_values("trial_id")
+        .reset_index(drop=True)
+        .equals(trials.sort_values("trial_id").reset_index(drop=True))
+    )
 
     # `rayrl train` killed after 2 iterations, local copies wiped: the same command resumes from the bucket.
     shutil.rmtree(home)
     history = None
-    proc = subprocess.Popen(TRAIN, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        TRAIN, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 240
         while True:
@@ -111,8 +168,14 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
     assert int(pd.read_csv(io.BytesIO(get("tr/history.csv")))[keys.ITERATION].max()) == train_summary["iterations"]
 
     shutil.rmtree(home)
-    report = subprocess.run([sys.executable, "-m", "rayrl.cli", "report", "s3://rayrl/e2e/sw"], env=env,
-                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    report = subprocess.run(
+        [sys.executable, "-m", "rayrl.cli", "report", "s3://rayrl/e2e/sw"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
     assert "s3://rayrl/e2e/sw/report.md" in report.stdout
     assert get("sw/report.md").startswith(b"#")

@@ -13,13 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from conftest import RAY, ROOT, ray_head, submit_job, subprocess_env
 
 from rayrl import runfolder
 from rayrl import spec as S
 from rayrl.sweep import config as sweep
 from rayrl.sweep import confirm_run
-from conftest import RAY, ROOT, ray_head, submit_job, subprocess_env
-
 
 SWEEP = [sys.executable, str(ROOT / "experiments" / "sweep.py")]
 SMOKE_MIN_RETURN = 60.0  #: random play scores about 22; see check_confirmation
@@ -35,8 +34,14 @@ def readme_sweep() -> list[str]:
 
 
 def run_sweep(storage: Path, name: str, *extra: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*readme_sweep(), "--smoke", "--storage", str(storage), "--name", name, "--num-cpus", "2", *extra],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    proc = subprocess.run(
+        [*readme_sweep(), "--smoke", "--storage", str(storage), "--name", name, "--num-cpus", "2", *extra],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc
 
@@ -50,7 +55,7 @@ def check_run_folder(run: Path, *, scheduler: str = "asha", confirmed: bool = Tr
     spec = S.load(run / "spec.yaml")
     d = spec.search.doubling
     assert doubling["batch_size"].iloc[0] == d.start
-    assert list(doubling["batch_size"]) == [d.start * d.factor ** i for i in range(len(doubling))]
+    assert list(doubling["batch_size"]) == [d.start * d.factor**i for i in range(len(doubling))]
     decisions = list(doubling["decision"])
     assert all(x == "expand" for x in decisions[:-1]) and decisions[-1] in ("stop", "cap", "failed")
     for _, row in doubling.iloc[1:].iterrows():
@@ -70,7 +75,7 @@ def check_run_folder(run: Path, *, scheduler: str = "asha", confirmed: bool = Tr
     assert list(trials.columns) == ["trial_id", "batch_size", "lr", "env_steps", "episode_return_mean", "status"]
     assert len(trials) == spec.search.num_samples
     assert trials["batch_size"].max() <= knee
-    below = [b for b in (d.start // d.factor ** i for i in range(1, 12)) if b >= spec.search.min_batch]
+    below = [b for b in (d.start // d.factor**i for i in range(1, 12)) if b >= spec.search.min_batch]
     assert set(trials["batch_size"]) <= set(doubling["batch_size"]) | set(below)
     assert ((trials["lr"] >= spec.search.lr_min) & (trials["lr"] <= spec.search.lr_max)).all()
     assert set(trials["status"]) <= {"reached_target", "completed", "stopped_early", "error"}
@@ -116,8 +121,9 @@ def check_ladder_against_history(doubling: pd.DataFrame, history: pd.DataFrame, 
     medians = []
     for row in doubling.itertuples():
         h = rungs[rungs["batch_size"] == row.batch_size].sort_values("training_iteration")
-        measured = h[(h["training_iteration"] > d.warmup_iters) &
-                     (h["training_iteration"] <= d.warmup_iters + d.measure_iters)]["env_steps_per_s"]
+        measured = h[
+            (h["training_iteration"] > d.warmup_iters) & (h["training_iteration"] <= d.warmup_iters + d.measure_iters)
+        ]["env_steps_per_s"]
         assert len(measured) == d.measure_iters, f"rung {row.batch_size}: {len(measured)} measured iterations"
         medians.append(float(measured.median()))
         assert float(row.env_steps_per_s) == pytest.approx(medians[-1], abs=0.01)
@@ -143,12 +149,13 @@ def check_confirmation(run: Path, spec: S.Spec, trials: pd.DataFrame, summary: d
     assert phase2_seeds == {spec.seed}
     assert set(runs["seed"]).isdisjoint(phase2_seeds) and runs["seed"].nunique() == s.confirm_seeds
     usable = trials[(trials["status"] != "error") & trials["episode_return_mean"].notna()]
-    reached = usable[usable["status"] == "reached_target"].sort_values(["env_steps", "episode_return_mean"],
-                                                                       ascending=[True, False])
+    reached = usable[usable["status"] == "reached_target"].sort_values(
+        ["env_steps", "episode_return_mean"], ascending=[True, False]
+    )
     rest = usable[usable["status"] != "reached_target"].sort_values("episode_return_mean", ascending=False)
     top = pd.concat([reached, rest]).drop_duplicates(["batch_size", "lr"]).head(s.confirm_top_k)
     expected = list(top["trial_id"])
-    own = ((top["batch_size"] == spec.algo.train_batch_per_learner) & (top["lr"] - spec.algo.lr).abs().lt(1e-12))
+    own = (top["batch_size"] == spec.algo.train_batch_per_learner) & (top["lr"] - spec.algo.lr).abs().lt(1e-12)
     if s.confirm_baseline and not own.any():  # the spec's own config runs on the same fresh seeds, last
         expected.append("spec")
         base = runs[runs["phase2_trial_id"] == "spec"]
@@ -169,8 +176,9 @@ def check_confirmation(run: Path, spec: S.Spec, trials: pd.DataFrame, summary: d
     assert summary["confirm"]["runs_cut_by_race"] == int((runs["stopped"] == "race").sum())
     assert summary["confirm"]["race"] == s.confirm_race
     costs = runs[s.objective].where(runs["reached"], float("inf"))
-    med = runs.assign(cost=costs).groupby("candidate").agg(cost=("cost", "median"),
-                                                           ret=("episode_return_mean", "median"))
+    med = (
+        runs.assign(cost=costs).groupby("candidate").agg(cost=("cost", "median"), ret=("episode_return_mean", "median"))
+    )
     chosen = med.sort_values(["cost", "ret"], ascending=[True, False], kind="stable").index[0]
     pick = runs[runs["candidate"] == chosen].iloc[0]
     best = summary["best"]
@@ -190,22 +198,36 @@ def check_confirmation(run: Path, spec: S.Spec, trials: pd.DataFrame, summary: d
 
 
 def _trial(tid: str, steps: int | None, ret: float | None, status: str) -> dict:
-    return {"trial_id": tid, "batch_size": 2048, "lr": 1e-4, "env_steps": steps, "episode_return_mean": ret,
-            "status": status}
+    return {
+        "trial_id": tid,
+        "batch_size": 2048,
+        "lr": 1e-4,
+        "env_steps": steps,
+        "episode_return_mean": ret,
+        "status": status,
+    }
 
 
 def test_best_is_the_fewest_env_steps_to_the_target():
-    trials = [_trial("a", 90_000, 478.0, "reached_target"), _trial("b", 60_000, 452.0, "reached_target"),
-              _trial("c", 100_000, 499.0, "completed"), _trial("d", 40_000, 500.0, "error")]
+    trials = [
+        _trial("a", 90_000, 478.0, "reached_target"),
+        _trial("b", 60_000, 452.0, "reached_target"),
+        _trial("c", 100_000, 499.0, "completed"),
+        _trial("d", 40_000, 500.0, "error"),
+    ]
     assert runfolder.rank_trials(trials)[0]["trial_id"] == "b"
     trials.append(_trial("e", 60_000, 460.0, "reached_target"))  # same env steps: the higher return
     assert runfolder.rank_trials(trials)[0]["trial_id"] == "e"
 
 
 def test_best_without_a_trial_at_the_target_is_the_highest_return():
-    trials = [_trial("a", 100_000, 210.0, "completed"), _trial("b", 30_000, 95.0, "stopped_early"),
-              _trial("c", 100_000, 330.0, "completed"), _trial("d", 10_000, None, "stopped_early"),
-              _trial("e", 50_000, 480.0, "error")]
+    trials = [
+        _trial("a", 100_000, 210.0, "completed"),
+        _trial("b", 30_000, 95.0, "stopped_early"),
+        _trial("c", 100_000, 330.0, "completed"),
+        _trial("d", 10_000, None, "stopped_early"),
+        _trial("e", 50_000, 480.0, "error"),
+    ]
     assert runfolder.rank_trials(trials)[0]["trial_id"] == "c"
     assert runfolder.rank_trials([_trial("x", None, None, "error")]) == [] and runfolder.rank_trials([]) == []
 
@@ -233,8 +255,18 @@ def test_smoke_sweep_writes_the_contract_and_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_sweep_with_hyperband(tmp_path):
-    run_sweep(tmp_path, "hb", "--set", "search.scheduler=hyperband", "--set", "search.confirm_top_k=0",
-              "--set", "search.num_samples=2", "--set", "search.doubling.cap=1024")
+    run_sweep(
+        tmp_path,
+        "hb",
+        "--set",
+        "search.scheduler=hyperband",
+        "--set",
+        "search.confirm_top_k=0",
+        "--set",
+        "search.num_samples=2",
+        "--set",
+        "search.doubling.cap=1024",
+    )
     check_run_folder(tmp_path / "hb", scheduler="hyperband", confirmed=False)
 
 
@@ -263,8 +295,14 @@ def test_smoke_samples_and_evaluates_in_the_trial_so_the_pong_gpu_preset_fits_tw
 
 
 def test_sweep_rejects_bad_input_before_ray(tmp_path):
-    proc = subprocess.run([*SWEEP, "--set", "search.doubling.min_gain=-1", "--storage", str(tmp_path)],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [*SWEEP, "--set", "search.doubling.min_gain=-1", "--storage", str(tmp_path)],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2
     assert "search.doubling.min_gain" in proc.stderr and "Traceback" not in proc.stderr
     assert "Started a local Ray" not in proc.stdout + proc.stderr
@@ -277,23 +315,48 @@ def test_ray_job_submit_runs_the_smoke_sweep(tmp_path):
     with ray_head(env, num_cpus=2, tag="job") as head:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            ping = subprocess.run([RAY, "job", "list", "--address", head.dashboard], env=env, capture_output=True,
-                                  text=True, timeout=60)
+            ping = subprocess.run(
+                [RAY, "job", "list", "--address", head.dashboard], env=env, capture_output=True, text=True, timeout=60
+            )
             if ping.returncode == 0:
                 break
             time.sleep(2)
         else:
             pytest.fail(f"the head's Jobs API did not come up within 300 s (head alive: {head.process.poll() is None})")
         storage = tmp_path / "runs"
-        submit = [RAY, "job", "submit", "--address", head.dashboard, "--working-dir", ".", "--",
-                  "python", "experiments/sweep.py", "--smoke", "--storage", str(storage), "--name", "job",
-                  "--set", "search.confirm_top_k=0", "--set", "search.num_samples=2",
-                  "--set", "search.doubling.cap=1024"]
+        submit = [
+            RAY,
+            "job",
+            "submit",
+            "--address",
+            head.dashboard,
+            "--working-dir",
+            ".",
+            "--",
+            "python",
+            "experiments/sweep.py",
+            "--smoke",
+            "--storage",
+            str(storage),
+            "--name",
+            "job",
+            "--set",
+            "search.confirm_top_k=0",
+            "--set",
+            "search.num_samples=2",
+            "--set",
+            "search.doubling.cap=1024",
+        ]
         proc = submit_job(submit, env, timeout=600, cwd=ROOT)
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
         job_id = re.search(r"raysubmit_\w+", proc.stdout + proc.stderr).group(0)
-        status = subprocess.run([RAY, "job", "status", "--address", head.dashboard, job_id], env=env,
-                                capture_output=True, text=True, timeout=60)
+        status = subprocess.run(
+            [RAY, "job", "status", "--address", head.dashboard, job_id],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert re.search(r"job '\w+' succeeded", status.stdout + status.stderr, re.I), status.stdout
         assert "Started a local Ray" not in proc.stdout  # it joined the cluster
         check_run_folder(storage / "job", confirmed=False)
@@ -303,12 +366,28 @@ def test_ray_job_submit_runs_the_smoke_sweep(tmp_path):
 def test_first_rung_failure_is_a_clear_error(tmp_path):
     """A ladder whose first rung fails ends the sweep with a message, not a traceback."""
     (tmp_path / "bad").mkdir()
-    proc = subprocess.run([*SWEEP, "--smoke", "--storage", str(tmp_path), "--name", "bad", "--num-cpus", "2",
-                           "--set", f"env.id={'tests.broken_env:make'}"],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            *SWEEP,
+            "--smoke",
+            "--storage",
+            str(tmp_path),
+            "--name",
+            "bad",
+            "--num-cpus",
+            "2",
+            "--set",
+            f"env.id={'tests.broken_env:make'}",
+        ],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     # Tune logs the trial's own traceback; the sweep's last word is one clear paragraph.
-    final = proc.stderr[proc.stderr.rindex("sweep: error:"):]
+    final = proc.stderr[proc.stderr.rindex("sweep: error:") :]
     assert "first rung" in final and "Traceback" not in final
     ladder = pd.read_csv(tmp_path / "bad" / "doubling.csv", keep_default_na=False)
     assert list(ladder["decision"]) == ["failed"]
@@ -318,9 +397,27 @@ def test_first_rung_failure_is_a_clear_error(tmp_path):
 @pytest.mark.slow
 def test_a_trial_larger_than_the_local_ray_is_a_clear_error_not_a_wait(tmp_path):
     """Tune would wait forever for 3 CPUs on a 2-CPU local Ray; the sweep says so and exits 1 (~15 s)."""
-    proc = subprocess.run([*SWEEP, "--smoke", "--storage", str(tmp_path), "--name", "big", "--num-cpus", "2",
-                           "--set", "evaluation.interval=1", "--set", "evaluation.env_runners=2"],
-                          env=subprocess_env(), capture_output=True, text=True, timeout=180, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            *SWEEP,
+            "--smoke",
+            "--storage",
+            str(tmp_path),
+            "--name",
+            "big",
+            "--num-cpus",
+            "2",
+            "--set",
+            "evaluation.interval=1",
+            "--set",
+            "evaluation.env_runners=2",
+        ],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     said = " ".join(proc.stderr.split())
     assert "one trial needs 3 CPUs (the cluster has 2)" in said and "Traceback" not in proc.stderr

@@ -30,7 +30,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import RAY, ROOT, ray_head, submit_job, subprocess_env, wait_for_jobs_api
 
 MAKE_CERTS = ROOT / "cluster_configs" / "tls" / "make-certs.sh"
@@ -42,27 +41,38 @@ def _certs(folder: Path) -> dict[str, str]:
     # Ray's processes reach each other at the node IP Ray detects, not only at 127.0.0.1
     for argv in (["ca", str(folder)], ["node", str(folder), "node", "127.0.0.1", get_node_ip_address()]):
         subprocess.run(["bash", str(MAKE_CERTS), *argv], check=True, capture_output=True)
-    return {"RAY_USE_TLS": "1", "RAY_TLS_CA_CERT": str(folder / "ca.crt"),
-            "RAY_TLS_SERVER_CERT": str(folder / "node.crt"), "RAY_TLS_SERVER_KEY": str(folder / "node.key")}
+    return {
+        "RAY_USE_TLS": "1",
+        "RAY_TLS_CA_CERT": str(folder / "ca.crt"),
+        "RAY_TLS_SERVER_CERT": str(folder / "node.crt"),
+        "RAY_TLS_SERVER_KEY": str(folder / "node.key"),
+    }
 
 
 def test_make_certs_signs_a_node_certificate_with_the_cluster_ca(tmp_path: Path) -> None:
     tls = _certs(tmp_path)
-    verify = subprocess.run(["openssl", "verify", "-CAfile", tls["RAY_TLS_CA_CERT"], tls["RAY_TLS_SERVER_CERT"]],
-                            capture_output=True, text=True)
+    verify = subprocess.run(
+        ["openssl", "verify", "-CAfile", tls["RAY_TLS_CA_CERT"], tls["RAY_TLS_SERVER_CERT"]],
+        capture_output=True,
+        text=True,
+    )
     assert verify.returncode == 0 and ": OK" in verify.stdout, verify.stdout + verify.stderr
-    text = subprocess.run(["openssl", "x509", "-in", tls["RAY_TLS_SERVER_CERT"], "-noout", "-text"],
-                          capture_output=True, text=True).stdout
+    text = subprocess.run(
+        ["openssl", "x509", "-in", tls["RAY_TLS_SERVER_CERT"], "-noout", "-text"], capture_output=True, text=True
+    ).stdout
     assert "IP Address:127.0.0.1" in text and "TLS Web Client Authentication" in text
     assert oct((tmp_path / "ca.key").stat().st_mode & 0o777) == "0o600"
-    missing = subprocess.run(["bash", str(MAKE_CERTS), "node", str(tmp_path / "empty"), "n", "10.0.0.1"],
-                             capture_output=True, text=True)
+    missing = subprocess.run(
+        ["bash", str(MAKE_CERTS), "node", str(tmp_path / "empty"), "n", "10.0.0.1"], capture_output=True, text=True
+    )
     assert missing.returncode == 2 and "ca.crt missing" in missing.stderr
 
 
 # A driver that connects to the GCS at argv[1] and says so; the refused ones never print CONNECTED.
-DRIVER = ("import sys, ray; ray.init(address=sys.argv[1], log_to_driver=False); "
-          "print('CONNECTED', ray.cluster_resources().get('CPU'), flush=True)")
+DRIVER = (
+    "import sys, ray; ray.init(address=sys.argv[1], log_to_driver=False); "
+    "print('CONNECTED', ray.cluster_resources().get('CPU'), flush=True)"
+)
 JOB = "import os, ray; ray.init(); print('TLS-JOB', os.environ.get('RAY_USE_TLS'), ray.cluster_resources().get('CPU'))"
 CONNECT_S = 5  # RAY_gcs_rpc_server_connect_timeout_s of the drivers: a refused one says so after this
 REFUSED_LIMIT_S = 15  # a refused driver keeps retrying for minutes; killed after this
@@ -73,8 +83,14 @@ def _driver(address: str, env: dict, limit_s: float) -> SimpleNamespace:
     """Run DRIVER in its own process group; kill the group after ``limit_s``. Output is stdout+stderr."""
     start = time.monotonic()
     env = dict(env, RAY_gcs_rpc_server_connect_timeout_s=str(CONNECT_S))
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, address], env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, address],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         out, _ = proc.communicate(timeout=limit_s)
         killed = False
@@ -117,8 +133,12 @@ def test_a_tls_head_runs_a_submitted_job_and_refuses_drivers_without_its_certifi
         # The Jobs API is the dashboard's HTTP (not TLS): the submitter needs the token, not the certificates.
         wait_for_jobs_api(head.dashboard, env, "the TLS head")
         submitted = time.monotonic()
-        job = submit_job([RAY, "job", "submit", "--address", head.dashboard, "--", sys.executable, "-c", JOB],
-                         env, timeout=150, cwd=ROOT)
+        job = submit_job(
+            [RAY, "job", "submit", "--address", head.dashboard, "--", sys.executable, "-c", JOB],
+            env,
+            timeout=150,
+            cwd=ROOT,
+        )
         job_s = time.monotonic() - submitted
         said = job.stdout + job.stderr
         assert job.returncode == 0 and "succeeded" in said, said[-3000:]
@@ -131,16 +151,26 @@ def test_a_tls_head_runs_a_submitted_job_and_refuses_drivers_without_its_certifi
         plain = _driver(head.gcs, env, limit_s=REFUSED_LIMIT_S)
         after_plain = _gcs_err(head.temp_dir)
         # a client that trusts the cluster's CA but holds a certificate signed by another CA
-        foreign = _driver(head.gcs, {**env, **tls, "RAY_TLS_SERVER_CERT": other["RAY_TLS_SERVER_CERT"],
-                                     "RAY_TLS_SERVER_KEY": other["RAY_TLS_SERVER_KEY"]}, limit_s=REFUSED_LIMIT_S)
+        foreign = _driver(
+            head.gcs,
+            {
+                **env,
+                **tls,
+                "RAY_TLS_SERVER_CERT": other["RAY_TLS_SERVER_CERT"],
+                "RAY_TLS_SERVER_KEY": other["RAY_TLS_SERVER_KEY"],
+            },
+            limit_s=REFUSED_LIMIT_S,
+        )
         # a client of another cluster altogether
         stranger = _driver(head.gcs, dict(env, **other), limit_s=REFUSED_LIMIT_S)
         after_foreign = _gcs_err(head.temp_dir)
 
-    figures = (f"head up {head_s:.1f} s; job submitted to success {job_s:.1f} s; driver with the cluster's "
-               f"certificates connected in {good.seconds:.1f} s; refused ('Failed to connect to GCS') after: "
-               f"no TLS {_refused_after_s(plain.out)} s, foreign client cert {_refused_after_s(foreign.out)} s, "
-               f"other CA {_refused_after_s(stranger.out)} s")
+    figures = (
+        f"head up {head_s:.1f} s; job submitted to success {job_s:.1f} s; driver with the cluster's "
+        f"certificates connected in {good.seconds:.1f} s; refused ('Failed to connect to GCS') after: "
+        f"no TLS {_refused_after_s(plain.out)} s, foreign client cert {_refused_after_s(foreign.out)} s, "
+        f"other CA {_refused_after_s(stranger.out)} s"
+    )
     print(figures)
     for name, refused in (("no TLS", plain), ("foreign client cert", foreign), ("other CA", stranger)):
         assert "CONNECTED" not in refused.out, f"{name}: connected\n{refused.out[-3000:]}"
@@ -150,5 +180,5 @@ def test_a_tls_head_runs_a_submitted_job_and_refuses_drivers_without_its_certifi
     # could not verify; the other cluster's driver could not verify the GCS's certificate.
     assert "Handshake failed" in after_plain and "WRONG_VERSION_NUMBER" in after_plain, after_plain[-3000:]
     assert "CERTIFICATE_VERIFY_FAILED" not in after_plain, after_plain[-3000:]
-    assert "CERTIFICATE_VERIFY_FAILED" in after_foreign[len(after_plain):], after_foreign[-3000:]
+    assert "CERTIFICATE_VERIFY_FAILED" in after_foreign[len(after_plain) :], after_foreign[-3000:]
     assert "CERTIFICATE_VERIFY_FAILED" in stranger.out, stranger.out[-3000:]

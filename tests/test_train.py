@@ -13,11 +13,11 @@ import gymnasium as gym
 import pandas as pd
 import pytest
 import torch
-
-from rayrl.rllib import algo
-from rayrl.observe import keys
-from rayrl import spec as S
 from conftest import ROOT, subprocess_env, tune_state_names_a_checkpoint
+
+from rayrl import spec as S
+from rayrl.observe import keys
+from rayrl.rllib import algo
 
 pytestmark = pytest.mark.slow
 
@@ -80,8 +80,11 @@ def smoothed(curve: list[tuple[float, float]], last: int = 3) -> float:
 # (evaluation of the final policy / mean of the last 3 reported returns):
 # PPO 265, 201 / 282, 324 (45-62k env steps); APPO 161 / 231, 175 (105-150k); IMPALA 254 / 194, 241
 # (111k). The thresholds sit 25-35% below the lowest of those.
-LEARNS = [("cartpole_ppo.yaml", 60_000, 150.0, 200.0), ("cartpole_appo.yaml", 150_000, 110.0, 130.0),
-          ("cartpole_impala.yaml", 150_000, 130.0, 140.0)]
+LEARNS = [
+    ("cartpole_ppo.yaml", 60_000, 150.0, 200.0),
+    ("cartpole_appo.yaml", 150_000, 110.0, 130.0),
+    ("cartpole_impala.yaml", 150_000, 130.0, 140.0),
+]
 
 
 @pytest.mark.parametrize("config,budget,evaluated_min,smoothed_min", LEARNS, ids=[c[0] for c in LEARNS])
@@ -95,11 +98,14 @@ def test_algorithm_learns_cartpole(ray_local, config, budget, evaluated_min, smo
     finally:
         algorithm.stop()
     name, late = spec.algo.name, smoothed(curve)
-    print(f"{name}: baseline {baseline:.1f}, evaluated {evaluated:.1f}, smoothed {late:.1f} at "
-          f"{curve[-1][0]:.0f} env steps")
+    print(
+        f"{name}: baseline {baseline:.1f}, evaluated {evaluated:.1f}, smoothed {late:.1f} at "
+        f"{curve[-1][0]:.0f} env steps"
+    )
     assert baseline < 40, f"an untrained policy should score near random (about 22), got {baseline}"
-    assert evaluated >= max(evaluated_min, 4 * baseline), \
+    assert evaluated >= max(evaluated_min, 4 * baseline), (
         f"{name}: the trained policy returns {evaluated} (untrained {baseline}) within {budget} env steps"
+    )
     assert late >= smoothed_min, f"{name}: the last 3 reported returns average {late} < {smoothed_min}: {curve}"
     assert last["backend"] == "none" and last["num_learners"] == 0
     assert last["global_batch"] == spec.algo.train_batch_per_learner
@@ -110,22 +116,45 @@ def test_algorithm_learns_cartpole(ray_local, config, budget, evaluated_min, smo
 
 def test_rayrl_train_resumes_after_a_kill(tmp_path):
     """Kill a running `rayrl train` (its whole process group) and run the same command again."""
-    cmd = [sys.executable, "-m", "rayrl.cli", "train", "--config", str(CONFIGS / "cartpole_ppo.yaml"),
-           "--storage", str(tmp_path), "--name", "resume", "--num-cpus", "2",
-           "--set", "stop.episode_return=100000", "--set", "stop.env_steps=40000",
-           "--set", "checkpoint.every=2", "--set", "algo.train_batch_per_learner=1024",
-           "--set", "algo.minibatch_size=128"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rayrl.cli",
+        "train",
+        "--config",
+        str(CONFIGS / "cartpole_ppo.yaml"),
+        "--storage",
+        str(tmp_path),
+        "--name",
+        "resume",
+        "--num-cpus",
+        "2",
+        "--set",
+        "stop.episode_return=100000",
+        "--set",
+        "stop.env_steps=40000",
+        "--set",
+        "checkpoint.every=2",
+        "--set",
+        "algo.train_batch_per_learner=1024",
+        "--set",
+        "algo.minibatch_size=128",
+    ]
     env = subprocess_env()
     history = tmp_path / "resume" / "history.csv"
-    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
+    first = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 240
         # Wait until Tune's experiment state names a checkpoint (Tune writes it every 10 s or after
         # checkpoint.keep checkpoints: a kill before that loses the iterations since) and more ran.
         while time.monotonic() < deadline:
-            if (history.exists() and len(pd.read_csv(history)) >= 6
-                    and tune_state_names_a_checkpoint(tmp_path / "resume" / "tune")):
+            if (
+                history.exists()
+                and len(pd.read_csv(history)) >= 6
+                and tune_state_names_a_checkpoint(tmp_path / "resume" / "tune")
+            ):
                 break
             if first.poll() is not None:
                 pytest.fail("the first run ended before it could be interrupted:\n" + first.stdout.read())

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rayrl import runtime
-from rayrl.security import trust
 from rayrl.errors import SpecError
+from rayrl.security import trust
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "experiments" / "configs" / "cartpole_ppo.yaml")
@@ -35,7 +35,7 @@ def test_a_symlinked_run_folder_is_refused_even_when_shared_runs_are_allowed(tmp
     for allow in (False, True):
         with pytest.raises(SpecError, match="symbolic link"):
             runtime.resolve(str(tmp_path / "runs"), "exp", allow_shared=allow)
-    assert list(target.iterdir()) == []                     # nothing written through the link
+    assert list(target.iterdir()) == []  # nothing written through the link
 
 
 @pytest.mark.parametrize("mode, who", [(0o777, "everyone"), (0o775, "its group")])
@@ -76,10 +76,12 @@ def test_the_cli_exits_2_with_one_paragraph_and_writes_nothing(tmp_path: Path, c
     nul_spec = tmp_path / "nul.yaml"
     nul_spec.write_text(Path(CONFIG).read_text() + '\nname: "bad\\0name"\n')
     before = _snapshot(tmp_path)
-    cases = [(["--config", CONFIG, "--name", "esc\x1bname"], "control characters"),
-             (["--config", str(nul_spec)], "U+0000"),
-             (["--config", CONFIG, "--name", "linked"], "symbolic link"),
-             (["--config", CONFIG, "--name", "shared"], "writable by everyone")]
+    cases = [
+        (["--config", CONFIG, "--name", "esc\x1bname"], "control characters"),
+        (["--config", str(nul_spec)], "U+0000"),
+        (["--config", CONFIG, "--name", "linked"], "symbolic link"),
+        (["--config", CONFIG, "--name", "shared"], "writable by everyone"),
+    ]
     for argv, expected in cases:
         argv = argv + ["--storage", str(storage)]
         status = rayrl_main(["train", *argv]) if command == "train" else sweep_main(argv)

@@ -29,16 +29,23 @@ def test_production_outweighs_and_outranks_sweeps_and_the_file_validates():
     assert cluster.validate_file(FILE) == []
 
 
-@pytest.mark.parametrize("kind, name, mutate, key", [
-    ("Queue", "rayrl-sweeps", lambda d: d["spec"].__setitem__("weight", 0), "spec.weight"),
-    ("Queue", "rayrl-sweeps", lambda d: d["spec"].__setitem__("weight", "heavy"), "spec.weight"),
-    ("PriorityClass", "rayrl-production", lambda d: d.__setitem__("value", 2_000_000_000), "value"),
-    ("PriorityClass", "rayrl-production", lambda d: d.pop("value"), "value"),
-    ("PriorityClass", "rayrl-sweep", lambda d: d.__setitem__("globalDefault", True), "globalDefault"),
-    ("PriorityClass", "rayrl-sweep", lambda d: d.__setitem__("preemptionPolicy", "Always"), "preemptionPolicy"),
-    ("PriorityClass", "rayrl-sweep", lambda d: d.__setitem__("apiVersion", "scheduling.k8s.io/v1beta1"),
-     "apiVersion"),
-])
+@pytest.mark.parametrize(
+    "kind, name, mutate, key",
+    [
+        ("Queue", "rayrl-sweeps", lambda d: d["spec"].__setitem__("weight", 0), "spec.weight"),
+        ("Queue", "rayrl-sweeps", lambda d: d["spec"].__setitem__("weight", "heavy"), "spec.weight"),
+        ("PriorityClass", "rayrl-production", lambda d: d.__setitem__("value", 2_000_000_000), "value"),
+        ("PriorityClass", "rayrl-production", lambda d: d.pop("value"), "value"),
+        ("PriorityClass", "rayrl-sweep", lambda d: d.__setitem__("globalDefault", True), "globalDefault"),
+        ("PriorityClass", "rayrl-sweep", lambda d: d.__setitem__("preemptionPolicy", "Always"), "preemptionPolicy"),
+        (
+            "PriorityClass",
+            "rayrl-sweep",
+            lambda d: d.__setitem__("apiVersion", "scheduling.k8s.io/v1beta1"),
+            "apiVersion",
+        ),
+    ],
+)
 def test_broken_variant_is_rejected_naming_the_key(tmp_path, kind, name, mutate, key):
     all_docs = list(yaml.safe_load_all(FILE.read_text()))
     mutate(next(d for d in all_docs if d["kind"] == kind and d["metadata"]["name"] == name))
@@ -49,8 +56,10 @@ def test_broken_variant_is_rejected_naming_the_key(tmp_path, kind, name, mutate,
 
 
 def test_doctor_points_uneven_scheduling_at_the_queues():
-    rows = [{"trial_id": "t", "phase": "train", "training_iteration": i, "gpu_util": u, "cpu_util": 0.5}
-            for i, u in enumerate([0.9, 0.9, 0.2, 0.95, 0.3, 0.9, 0.25, 0.9], start=1)]
+    rows = [
+        {"trial_id": "t", "phase": "train", "training_iteration": i, "gpu_util": u, "cpu_util": 0.5}
+        for i, u in enumerate([0.9, 0.9, 0.2, 0.95, 0.3, 0.9, 0.25, 0.9], start=1)
+    ]
     finding = doctor.uneven_scheduling(Evidence(history=pd.DataFrame(rows)))
     assert finding is not None and "cluster_configs/kuberay/volcano-multitenant.yaml" in finding.fix
     assert (Path(__file__).resolve().parents[1] / "cluster_configs/kuberay/volcano-multitenant.yaml").exists()

@@ -10,14 +10,18 @@ import time
 import pytest
 
 from rayrl.observe import hardware as wh
+
+
 def test_aggregate_uses_the_learners_gpus_and_keeps_every_reading():
-    learners = [{"pid": 11, "gpu_util": 0.9, "gpu_mem_util": 0.5, "cpu_util": 0.2},
-                {"pid": 12, "gpu_util": 0.7, "gpu_mem_util": 0.8, "cpu_util": math.nan}]
+    learners = [
+        {"pid": 11, "gpu_util": 0.9, "gpu_mem_util": 0.5, "cpu_util": 0.2},
+        {"pid": 12, "gpu_util": 0.7, "gpu_mem_util": 0.8, "cpu_util": math.nan},
+    ]
     runners = [{"pid": 21, "gpu_util": math.nan, "gpu_mem_util": math.nan, "cpu_util": 0.6}]
-    section = {"gpu_util": math.nan, "gpu_mem_util": math.nan}    # the trial process: no GPU
+    section = {"gpu_util": math.nan, "gpu_mem_util": math.nan}  # the trial process: no GPU
     wh.aggregate(section, learners, runners)
     assert section["gpu_util"] == pytest.approx(0.8) and section["gpu_mem_util"] == 0.8  # mean, peak
-    assert section["learner_cpu_util"] == pytest.approx(0.2)                             # NaN skipped
+    assert section["learner_cpu_util"] == pytest.approx(0.2)  # NaN skipped
     assert section["env_runner_cpu_util"] == 0.6 and math.isnan(section["env_runner_gpu_util"])
     assert [r["pid"] for r in section[wh.LEARNERS_KEY]] == [11, 12]
     # No remote learners: the trial's own reading stands.
@@ -45,9 +49,13 @@ def test_remote_cpu_learners_report_from_their_own_processes():
     from rayrl import spec as spec_mod
     from rayrl.rllib.algo import build_config
 
-    spec = spec_mod.from_dict({"env": {"envs_per_runner": 2},
-                               "algo": {"train_batch_per_learner": 128, "minibatch_size": 64, "epochs": 1},
-                               "resources": {"learners": 2, "env_runners": 1}})
+    spec = spec_mod.from_dict(
+        {
+            "env": {"envs_per_runner": 2},
+            "algo": {"train_batch_per_learner": 128, "minibatch_size": 64, "epochs": 1},
+            "resources": {"learners": 2, "env_runners": 1},
+        }
+    )
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     algo = None
     try:
@@ -61,7 +69,7 @@ def test_remote_cpu_learners_report_from_their_own_processes():
     learners, runners = section[wh.LEARNERS_KEY], section[wh.RUNNERS_KEY]
     assert section["backend"] == "gloo" and len(learners) == 2 and len(runners) == 1
     pids = {r["pid"] for r in learners}
-    assert len(pids) == 2 and os.getpid() not in pids          # two learner processes, not the trial's
+    assert len(pids) == 2 and os.getpid() not in pids  # two learner processes, not the trial's
     assert runners[0]["pid"] not in pids | {os.getpid()}
     # Rates over an iteration: each learner's CPU reading is a real fraction.
     assert all(0.0 <= r["cpu_util"] <= 1.0 for r in learners)

@@ -13,20 +13,26 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-
-from rayrl.rllib import algo
-from rayrl.observe import keys
-from rayrl import runtime, sweep
-from rayrl import spec as S
 from conftest import ROOT
 from test_sweep import check_run_folder
+
+from rayrl import runtime, sweep
+from rayrl import spec as S
+from rayrl.observe import keys
+from rayrl.rllib import algo
 
 pytestmark = pytest.mark.slow
 
 CONFIGS = ROOT / "experiments" / "configs"
 # One rung, two phase-2 trials: the run-folder contract, not a search.
-TINY = ["search.num_samples=2", "search.doubling.start=256", "search.doubling.cap=256",
-        "search.doubling.warmup_iters=0", "search.doubling.measure_iters=1", "checkpoint.every=100"]
+TINY = [
+    "search.num_samples=2",
+    "search.doubling.start=256",
+    "search.doubling.cap=256",
+    "search.doubling.warmup_iters=0",
+    "search.doubling.measure_iters=1",
+    "checkpoint.every=100",
+]
 
 
 def smoke_sweep(tmp_path, config, name: str, *sets: str) -> tuple[dict, pd.DataFrame]:
@@ -41,14 +47,22 @@ def test_long_episodes_smoke_sweep_judged_by_evaluation(ray_local, tmp_path):
     """Episodes of 300 steps, iterations of 256: the first iterations finish no episode (before the
     fix Tune failed phase 2 on the missing return); evaluation ranks the trials."""
     summary, history = smoke_sweep(
-        tmp_path, CONFIGS / "cartpole_ppo.yaml", "long",
-        "env.id=tests.long_env:make", "env.config={length: 300}", "env.envs_per_runner=2",
-        "search.max_env_steps=1800", "search.grace_env_steps=600", "stop.episode_return=null",
-        "evaluation.interval=2", "evaluation.episodes=1")
+        tmp_path,
+        CONFIGS / "cartpole_ppo.yaml",
+        "long",
+        "env.id=tests.long_env:make",
+        "env.config={length: 300}",
+        "env.envs_per_runner=2",
+        "search.max_env_steps=1800",
+        "search.grace_env_steps=600",
+        "stop.episode_return=null",
+        "evaluation.interval=2",
+        "evaluation.episodes=1",
+    )
     search = history[history["phase"] == "search"]
     first = search.sort_values("training_iteration").groupby("trial_id").head(1)
     assert first["episode_return_mean"].isna().all()  # iteration 1 of every trial: no episode yet
-    assert first["eval_return_mean"].isna().all()     # and no evaluation yet
+    assert first["eval_return_mean"].isna().all()  # and no evaluation yet
     assert search["episode_return_mean"].notna().any() and search["eval_return_mean"].notna().any()
     assert summary["return_judged_by"] == "evaluation"
     # The confirmed best is the median over the confirmation's seeds (check_run_folder recomputes it from
@@ -64,17 +78,30 @@ def test_long_episodes_smoke_sweep_judged_by_evaluation(ray_local, tmp_path):
 
 
 def test_atari_cpu_config_smoke_sweep(ray_local, tmp_path):
-    _, history = smoke_sweep(tmp_path, CONFIGS / "atari_breakout_ppo_cpu.yaml", "breakout",
-                             "search.max_env_steps=1024", "search.grace_env_steps=512",
-                             "search.confirm_top_k=1")
+    _, history = smoke_sweep(
+        tmp_path,
+        CONFIGS / "atari_breakout_ppo_cpu.yaml",
+        "breakout",
+        "search.max_env_steps=1024",
+        "search.grace_env_steps=512",
+        "search.confirm_top_k=1",
+    )
     assert history["episode_return_mean"].notna().any()  # each life is an episode: short ones finish
 
 
 def test_atari_gpu_preset_builds_on_cpu_and_the_cpu_config_restores(ray_local, tmp_path):
-    preset = S.load(CONFIGS / "atari_pong_appo_gpu.yaml",
-                    ["resources.learners=0", "resources.gpus_per_learner=0", "resources.env_runners=0",
-                     "env.envs_per_runner=1", "algo.train_batch_per_learner=100", "algo.minibatch_size=100",
-                     "evaluation.interval=0"])
+    preset = S.load(
+        CONFIGS / "atari_pong_appo_gpu.yaml",
+        [
+            "resources.learners=0",
+            "resources.gpus_per_learner=0",
+            "resources.env_runners=0",
+            "env.envs_per_runner=1",
+            "algo.train_batch_per_learner=100",
+            "algo.minibatch_size=100",
+            "evaluation.interval=0",
+        ],
+    )
     algorithm = algo.build_config(preset).build_algo()
     try:
         import torch
@@ -86,8 +113,10 @@ def test_atari_gpu_preset_builds_on_cpu_and_the_cpu_config_restores(ray_local, t
     finally:
         algorithm.stop()
 
-    cpu = S.load(CONFIGS / "atari_breakout_ppo_cpu.yaml",
-                 ["resources.env_runners=0", "algo.train_batch_per_learner=256", "algo.minibatch_size=128"])
+    cpu = S.load(
+        CONFIGS / "atari_breakout_ppo_cpu.yaml",
+        ["resources.env_runners=0", "algo.train_batch_per_learner=256", "algo.minibatch_size=128"],
+    )
     algorithm = algo.build_config(cpu).build_algo()
     try:
         algorithm.train()
@@ -108,9 +137,15 @@ def test_atari_gpu_preset_builds_on_cpu_and_the_cpu_config_restores(ray_local, t
 
 
 def test_mujoco_config_smoke_sweep(ray_local, tmp_path):
-    summary, history = smoke_sweep(tmp_path, CONFIGS / "mujoco_hopper_ppo.yaml", "hopper",
-                                   "search.max_env_steps=1024", "search.grace_env_steps=512",
-                                   "evaluation.interval=2", "evaluation.episodes=2")
+    summary, history = smoke_sweep(
+        tmp_path,
+        CONFIGS / "mujoco_hopper_ppo.yaml",
+        "hopper",
+        "search.max_env_steps=1024",
+        "search.grace_env_steps=512",
+        "evaluation.interval=2",
+        "evaluation.episodes=2",
+    )
     assert summary["return_judged_by"] == "evaluation" and history["eval_return_mean"].notna().any()
 
 

@@ -7,16 +7,27 @@ import math
 import numpy as np
 import pytest
 
-from rayrl.rllib import algo, callback, models
-from rayrl.observe import keys
 from rayrl import spec as S
 from rayrl.envs import registry
+from rayrl.observe import keys
+from rayrl.rllib import algo, callback, models
 
 
 def test_model_section_maps_onto_default_model_config():
-    spec = S.from_dict({"model": {"hidden": [128, 32], "activation": "relu", "lstm": True, "lstm_cell_size": 64,
-                                  "max_seq_len": 16, "vf_share_layers": True, "free_log_std": True,
-                                  "conv_filters": [[8, [3, 3], 1]]}})
+    spec = S.from_dict(
+        {
+            "model": {
+                "hidden": [128, 32],
+                "activation": "relu",
+                "lstm": True,
+                "lstm_cell_size": 64,
+                "max_seq_len": 16,
+                "vf_share_layers": True,
+                "free_log_std": True,
+                "conv_filters": [[8, [3, 3], 1]],
+            }
+        }
+    )
     cfg = algo.build_config(spec).model_config
     assert cfg["fcnet_hiddens"] == [128, 32] and cfg["fcnet_activation"] == "relu"
     assert cfg["use_lstm"] is True and cfg["lstm_cell_size"] == 64 and cfg["max_seq_len"] == 16
@@ -36,8 +47,10 @@ def test_defaults_keep_the_old_mlp_and_atari_gets_the_84x84_cnn():
     assert list(cnn.output_dims) == [256]  # ends in 1x1x256: "valid" on the last layer (same: 11x11x256)
 
 
-@pytest.mark.parametrize("env_id,ale", [("ALE/Pong-v5", True), ("PongNoFrameskip-v4", True),
-                                        ("CartPole-v1", False), ("tests.long_env:make", False)])
+@pytest.mark.parametrize(
+    "env_id,ale",
+    [("ALE/Pong-v5", True), ("PongNoFrameskip-v4", True), ("CartPole-v1", False), ("tests.long_env:make", False)],
+)
 def test_ale_ids_are_detected(env_id, ale):
     assert registry.is_ale(env_id) is ale
     name = algo.env_name(S.from_dict({"env": {"id": env_id}}))
@@ -62,8 +75,12 @@ def test_atari_preprocessing_84x84_framestack_and_clipped_rewards():
 def test_evaluation_and_obs_filter_reach_the_algorithm_config():
     off = algo.build_config(S.from_dict({}))
     assert off.evaluation_interval in (None, 0) and off._env_to_module_connector is None
-    spec = S.from_dict({"evaluation": {"interval": 3, "episodes": 7, "deterministic": True, "env_runners": 1},
-                        "model": {"normalize_obs": True}})
+    spec = S.from_dict(
+        {
+            "evaluation": {"interval": 3, "episodes": 7, "deterministic": True, "env_runners": 1},
+            "model": {"normalize_obs": True},
+        }
+    )
     cfg = algo.build_config(spec)
     assert cfg.evaluation_interval == 3 and cfg.evaluation_duration == 7
     assert cfg.evaluation_duration_unit == "episodes" and cfg.evaluation_num_env_runners == 1
@@ -104,14 +121,18 @@ def test_an_old_spec_with_algo_hidden_is_told_where_it_went():
         S.from_dict({"algo": {"hidden": [64, 64]}})
 
 
-@pytest.mark.parametrize("judge,name,measured,verdict", [
-    ("evaluation", "evaluation return (final)", "300.0", "fail"),
-    ("training", "episode return (final)", "450.0", "pass")])
+@pytest.mark.parametrize(
+    "judge,name,measured,verdict",
+    [
+        ("evaluation", "evaluation return (final)", "300.0", "fail"),
+        ("training", "episode return (final)", "450.0", "pass"),
+    ],
+)
 def test_report_reward_part_judges_the_return_the_spec_names(tmp_path, judge, name, measured, verdict):
     import pandas as pd
-
-    from rayrl.judge import evaluation, report, folder
     from test_report import SPEC, history_rows, write_run
+
+    from rayrl.judge import evaluation, folder, report
 
     rows = history_rows("train0", "train", 4096, 3e-4, 20, 1400.0, 450.0)
     for row in rows:  # training return climbs to 450; evaluation (every 2nd iteration) stays at 300

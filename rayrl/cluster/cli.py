@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import yaml
 
@@ -21,7 +21,8 @@ from rayrl.cluster import exposure
 from rayrl.cluster.common import one_line
 from rayrl.cluster.kube import validate_kube
 from rayrl.cluster.launcher import validate_launcher
-from rayrl.cluster.storage_rules import kind as lifecycle_kind, validate_lifecycle
+from rayrl.cluster.storage_rules import kind as lifecycle_kind
+from rayrl.cluster.storage_rules import validate_lifecycle
 
 EXIT_OK, EXIT_INVALID = 0, 2
 
@@ -48,11 +49,15 @@ def validate_file(path: str | Path) -> list[str]:
         try:
             problems = [m for d in docs for m in validate_kube(d)] + exposure.kube_file_problems(docs)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            problems = [f"a section has an unexpected shape ({type(exc).__name__}: {one_line(exc)}); compare it "
-                        "with cluster_configs/kuberay/."]
+            problems = [
+                f"a section has an unexpected shape ({type(exc).__name__}: {one_line(exc)}); compare it "
+                "with cluster_configs/kuberay/."
+            ]
     elif len(docs) > 1:
-        problems = ["holds several YAML documents; a launcher YAML (ray up) is one document, a KubeRay "
-                    "manifest gives every document an apiVersion and kind."]
+        problems = [
+            "holds several YAML documents; a launcher YAML (ray up) is one document, a KubeRay "
+            "manifest gives every document an apiVersion and kind."
+        ]
     else:
         problems = validate_launcher(docs[0])
     return [f"{p}: {m}" for m in problems]
@@ -71,11 +76,14 @@ def _expand(paths: Sequence[str]) -> Iterator[Path]:
 def build_parser() -> argparse.ArgumentParser:
     """The `rayrl cluster` parser; validate's --help lists what is checked, so users need not read code."""
     parser = argparse.ArgumentParser(
-        prog="rayrl cluster", description="Check cluster configs offline, before they cost GPU-hours. Nothing "
-        "is started and no cloud is contacted.")
+        prog="rayrl cluster",
+        description="Check cluster configs offline, before they cost GPU-hours. Nothing "
+        "is started and no cloud is contacted.",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     validate = sub.add_parser(
-        "validate", help="validate launcher YAMLs (ray up), KubeRay manifests and bucket lifecycle rules",
+        "validate",
+        help="validate launcher YAMLs (ray up), KubeRay manifests and bucket lifecycle rules",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.dedent("""\
             Validate cluster YAMLs; prints one OK line per valid file, exits 2 if any file is invalid.
@@ -102,10 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
              files (S3 `Rules`, GCS `rule`, JSON): the guide's tiers (warm on day
             7, archive on day 37), transitions to ever colder classes the cloud accepts, a prefix
             filter, no deletion before archive, clean-up of interrupted multipart uploads."""),
-        epilog="example: rayrl cluster validate cluster_configs/gpu.yaml cluster_configs/kuberay/")
-    validate.add_argument("files", nargs="+", metavar="FILE",
-                          help="cluster YAML or lifecycle JSON, or a folder whose *.yaml / *.yml / *.json files "
-                          "(subfolders too) are all checked")
+        epilog="example: rayrl cluster validate cluster_configs/gpu.yaml cluster_configs/kuberay/",
+    )
+    validate.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="cluster YAML or lifecycle JSON, or a folder whose *.yaml / *.yml / *.json files "
+        "(subfolders too) are all checked",
+    )
     return parser
 
 

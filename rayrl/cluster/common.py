@@ -8,11 +8,12 @@ launcher and KubeRay modules word the same mistake the same way, and nothing is 
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
-LEARNER_LABEL = ("rayrl.io/role", "learner")   # node types that host learners carry this label
+LEARNER_LABEL = ("rayrl.io/role", "learner")  # node types that host learners carry this label
 
 
 def dotted(path: Sequence[Any]) -> str:
@@ -28,7 +29,7 @@ def one_line(value: Any) -> str:
 def short(value: Any, limit: int = 110) -> str:
     """``value`` as one line of flow-style YAML, cut to ``limit`` characters, for quoting it in a message."""
     text = one_line(yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("..."))
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def image_ray_version(image: str) -> str | None:
@@ -42,7 +43,7 @@ def image_ray_version(image: str) -> str | None:
         return None
     repo, tag = last.split(":", 1)
     match = re.search(r"ray-?(\d+\.\d+\.\d+)(?![\d.])", tag)
-    if match is None and repo in ("ray", "ray-ml", "ray-llm"):   # rayproject images: the tag starts with it
+    if match is None and repo in ("ray", "ray-ml", "ray-llm"):  # rayproject images: the tag starts with it
         match = re.match(r"(\d+\.\d+\.\d+)(?![\d.])", tag)
     return match.group(1) if match else None
 
@@ -53,7 +54,11 @@ def image_version_problem(key: str, image: Any, ray_version: str) -> str | None:
     if found == ray_version:
         return None
     if found is None:
-        return (f"{key}: {image!r} does not say which Ray it runs; use a tag that starts with the Ray version "
-                f"(rayproject/ray:{ray_version}-py311-gpu) or contains ray{ray_version}.")
-    return (f"{key}: {image!r} runs Ray {found} but this machine has Ray {ray_version} (pyproject.toml); pin "
-            f"the tag to {ray_version}.")
+        return (
+            f"{key}: {image!r} does not say which Ray it runs; use a tag that starts with the Ray version "
+            f"(rayproject/ray:{ray_version}-py311-gpu) or contains ray{ray_version}."
+        )
+    return (
+        f"{key}: {image!r} runs Ray {found} but this machine has Ray {ray_version} (pyproject.toml); pin "
+        f"the tag to {ray_version}."
+    )

@@ -14,13 +14,19 @@ from __future__ import annotations
 import re
 from typing import Any
 
-CLUSTER_LABEL = "rayrl.io/cluster"        # on every pod template (and a RayJob's submitter): what policies select
-RAY_PORTS = (6379, 8265, 8080, 10001)     # GCS, dashboard + job API, metrics, Ray Client
+CLUSTER_LABEL = "rayrl.io/cluster"  # on every pod template (and a RayJob's submitter): what policies select
+RAY_PORTS = (6379, 8265, 8080, 10001)  # GCS, dashboard + job API, metrics, Ray Client
 
 
 def _commands(config: dict) -> list[tuple[str, str]]:
-    keys = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
-            "head_start_ray_commands", "worker_start_ray_commands")
+    keys = (
+        "initialization_commands",
+        "setup_commands",
+        "head_setup_commands",
+        "worker_setup_commands",
+        "head_start_ray_commands",
+        "worker_start_ray_commands",
+    )
     out = []
     for key in keys:
         value = config.get(key) or []
@@ -33,24 +39,35 @@ def core_dump_problems(config: dict) -> list[str]:
 
     A core dump of a Ray process holds the cluster token and the job's data, and fills the disk.
     """
-    problems = [f"{key}: `{m.group(0)}` turns core dumps on; a core file of a Ray process holds the "
-                "cluster token and fills the disk; remove it (core dumps stay off)."
-                for key, cmd in _commands(config)
-                if (m := re.search(r"ulimit\s+(-\w*c\w*|--core-size)\s+(unlimited|[1-9]\d*)", cmd))]
+    problems = [
+        f"{key}: `{m.group(0)}` turns core dumps on; a core file of a Ray process holds the "
+        "cluster token and fills the disk; remove it (core dumps stay off)."
+        for key, cmd in _commands(config)
+        if (m := re.search(r"ulimit\s+(-\w*c\w*|--core-size)\s+(unlimited|[1-9]\d*)", cmd))
+    ]
     docker = config.get("docker") or {}
     if docker.get("image") or docker.get("head_image"):
         options = " ".join(str(o) for o in docker.get("run_options") or [])
         if not re.search(r"--ulimit[ =]core=0(:0)?\b", options):
-            problems.append("docker.run_options: no `--ulimit core=0`, so containers inherit the host's core-file "
-                            "limit; add `- --ulimit core=0` (a core dump holds the cluster token).")
+            problems.append(
+                "docker.run_options: no `--ulimit core=0`, so containers inherit the host's core-file "
+                "limit; add `- --ulimit core=0` (a core dump holds the cluster token)."
+            )
     return problems
 
 
-NODE_PORT_FLAGS = ("object-manager-port", "node-manager-port", "dashboard-agent-grpc-port",
-                   "dashboard-agent-listen-port", "runtime-env-agent-port", "metrics-export-port",
-                   "min-worker-port", "max-worker-port")
+NODE_PORT_FLAGS = (
+    "object-manager-port",
+    "node-manager-port",
+    "dashboard-agent-grpc-port",
+    "dashboard-agent-listen-port",
+    "runtime-env-agent-port",
+    "metrics-export-port",
+    "min-worker-port",
+    "max-worker-port",
+)
 HEAD_PORT_FLAGS = ("port", "ray-client-server-port", "dashboard-port") + NODE_PORT_FLAGS
-HEAD_PORT_ENV = ("AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")   # the autoscaler's and dashboard's metrics
+HEAD_PORT_ENV = ("AUTOSCALER_METRIC_PORT", "DASHBOARD_METRIC_PORT")  # the autoscaler's and dashboard's metrics
 
 
 def port_problems(config: dict) -> list[str]:
@@ -68,8 +85,10 @@ def port_problems(config: dict) -> list[str]:
         if key == "head_start_ray_commands":  # the head's metrics exporters take these from the environment
             missing += [v for v in HEAD_PORT_ENV if not re.search(rf"\b{v}=\d+", text)]
         if missing:
-            problems.append(f"{key}: `ray start` leaves {', '.join(missing)} to Ray, which then "
-                            "opens random ports a firewall cannot name; pin each (see cluster_configs/gpu.yaml).")
+            problems.append(
+                f"{key}: `ray start` leaves {', '.join(missing)} to Ray, which then "
+                "opens random ports a firewall cannot name; pin each (see cluster_configs/gpu.yaml)."
+            )
     return problems
 
 
@@ -84,17 +103,23 @@ def public_ip_problems(config: dict) -> list[str]:
         return []
     problems = []
     if provider.get("use_internal_ips") is not True:
-        problems.append("provider.use_internal_ips: not true, so Ray talks to nodes over external IPs; set it "
-                        "to true and reach the head through IAP or a bastion (docs/security.md).")
+        problems.append(
+            "provider.use_internal_ips: not true, so Ray talks to nodes over external IPs; set it "
+            "to true and reach the head through IAP or a bastion (docs/security.md)."
+        )
     for name, node in (config.get("available_node_types") or {}).items():
         nics = ((node or {}).get("node_config") or {}).get("networkInterfaces")
         where = f"available_node_types.{name}.node_config.networkInterfaces"
         if not nics:
-            problems.append(f"{where}: not set, so GCP gives the node an external IP that exposes ports "
-                            f"{', '.join(map(str, RAY_PORTS))}; give a subnetwork with no accessConfigs.")
+            problems.append(
+                f"{where}: not set, so GCP gives the node an external IP that exposes ports "
+                f"{', '.join(map(str, RAY_PORTS))}; give a subnetwork with no accessConfigs."
+            )
         elif any((nic or {}).get("accessConfigs") for nic in nics):
-            problems.append(f"{where}: accessConfigs gives the node an external IP that exposes ports "
-                            f"{', '.join(map(str, RAY_PORTS))}; remove accessConfigs (use IAP or a bastion).")
+            problems.append(
+                f"{where}: accessConfigs gives the node an external IP that exposes ports "
+                f"{', '.join(map(str, RAY_PORTS))}; remove accessConfigs (use IAP or a bastion)."
+            )
     return problems
 
 
@@ -105,10 +130,12 @@ def kube_file_problems(docs: list[dict]) -> list[str]:
     problems = []
     for name in names:
         if not any(_fences(p, name) for p in policies):
-            problems.append(f"NetworkPolicy: none selects the pods of {name!r} ({CLUSTER_LABEL}: {name}) with "
-                            "policyTypes [Ingress], so any pod in the cluster reaches ports "
-                            f"{', '.join(map(str, RAY_PORTS))}; add the NetworkPolicy of "
-                            "cluster_configs/kuberay/raycluster.yaml.")
+            problems.append(
+                f"NetworkPolicy: none selects the pods of {name!r} ({CLUSTER_LABEL}: {name}) with "
+                "policyTypes [Ingress], so any pod in the cluster reaches ports "
+                f"{', '.join(map(str, RAY_PORTS))}; add the NetworkPolicy of "
+                "cluster_configs/kuberay/raycluster.yaml."
+            )
     return problems
 
 
@@ -125,13 +152,15 @@ def pod_label_problems(where: str, template: dict, cluster: str) -> list[str]:
     labels = ((template or {}).get("metadata") or {}).get("labels") or {}
     if labels.get(CLUSTER_LABEL) == cluster:
         return []
-    return [f"{where}.metadata.labels.{CLUSTER_LABEL}: {labels.get(CLUSTER_LABEL)!r}; set it to "
-            f"{cluster!r} so the NetworkPolicy fences this pod in and admits its peers."]
+    return [
+        f"{where}.metadata.labels.{CLUSTER_LABEL}: {labels.get(CLUSTER_LABEL)!r}; set it to "
+        f"{cluster!r} so the NetworkPolicy fences this pod in and admits its peers."
+    ]
 
 
 def _fences(policy: dict, cluster: str) -> bool:
     spec = policy.get("spec") or {}
-    labels = ((spec.get("podSelector") or {}).get("matchLabels") or {})
+    labels = (spec.get("podSelector") or {}).get("matchLabels") or {}
     if labels.get(CLUSTER_LABEL) != cluster or "Ingress" not in (spec.get("policyTypes") or []):
         return False
     return not any(_open_rule(r) for r in spec.get("ingress") or [])
@@ -161,8 +190,10 @@ def network_policy_problems(doc: dict) -> list[str]:
         problems.append(f"spec.podSelector.matchLabels.{CLUSTER_LABEL}: missing; select the Ray cluster's pods.")
     for i, rule in enumerate(spec.get("ingress") or []):
         if _open_rule(rule or {}):
-            problems.append(f"spec.ingress[{i}]: admits every pod or address; list the cluster's own pods and "
-                            "the monitoring / job-submitter namespaces by label.")
+            problems.append(
+                f"spec.ingress[{i}]: admits every pod or address; list the cluster's own pods and "
+                "the monitoring / job-submitter namespaces by label."
+            )
     return problems
 
 
@@ -172,10 +203,13 @@ SECURE_CONTEXT = {"runAsNonRoot": True, "allowPrivilegeEscalation": False, "read
 def container_context_problems(where: str, container: dict) -> list[str]:
     """Ray containers run as non-root, cannot escalate, drop every capability, and keep / read-only."""
     ctx = container.get("securityContext") or {}
-    problems = [f"{where}.securityContext.{key}: {ctx.get(key)!r}; set {str(want).lower()} (a container that "
-                "runs code from any job must not be able to take the node)."
-                for key, want in SECURE_CONTEXT.items() if ctx.get(key) is not want]
-    drop = ((ctx.get("capabilities") or {}).get("drop") or [])
+    problems = [
+        f"{where}.securityContext.{key}: {ctx.get(key)!r}; set {str(want).lower()} (a container that "
+        "runs code from any job must not be able to take the node)."
+        for key, want in SECURE_CONTEXT.items()
+        if ctx.get(key) is not want
+    ]
+    drop = (ctx.get("capabilities") or {}).get("drop") or []
     if "ALL" not in drop:
         problems.append(f"{where}.securityContext.capabilities.drop: {drop!r}; drop [ALL].")
     return problems
@@ -185,10 +219,14 @@ def gcs_ft_problems(spec: dict, at: str) -> list[str]:
     """The head is no single point of failure: GCS state in an external Redis, its password from a Secret."""
     ft = spec.get("gcsFaultToleranceOptions")
     if not isinstance(ft, dict) or not ft.get("redisAddress"):
-        return [f"{at}.gcsFaultToleranceOptions.redisAddress: missing, so a lost head pod loses the cluster and "
-                "every running trial; point it at an external Redis (docs/security.md)."]
+        return [
+            f"{at}.gcsFaultToleranceOptions.redisAddress: missing, so a lost head pod loses the cluster and "
+            "every running trial; point it at an external Redis (docs/security.md)."
+        ]
     password: Any = ft.get("redisPassword")
     if password is not None and not (isinstance(password, dict) and "valueFrom" in password):
-        return [f"{at}.gcsFaultToleranceOptions.redisPassword: written into the manifest; read it from a Secret "
-                "(valueFrom.secretKeyRef)."]
+        return [
+            f"{at}.gcsFaultToleranceOptions.redisPassword: written into the manifest; read it from a Secret "
+            "(valueFrom.secretKeyRef)."
+        ]
     return []

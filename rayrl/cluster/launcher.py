@@ -16,10 +16,12 @@ import functools
 import io
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from rayrl.cluster import exposure, launcher_rules as rules
+from rayrl.cluster import exposure
+from rayrl.cluster import launcher_rules as rules
 from rayrl.cluster.common import dotted, one_line, short
 
 # Ray builds the one node type of an on-premise (provider: local) cluster itself.
@@ -32,36 +34,52 @@ def validate_launcher(config: dict) -> list[str]:
 
     provider = config.get("provider")
     if not isinstance(provider, dict) or not isinstance(provider.get("type"), str):
-        return ["provider.type: missing; name the cloud (provider: {type: aws, region: ...}), or give "
-                "apiVersion and kind for a KubeRay manifest."]
+        return [
+            "provider.type: missing; name the cloud (provider: {type: aws, region: ...}), or give "
+            "apiVersion and kind for a KubeRay manifest."
+        ]
     from ray.autoscaler._private.providers import _DEFAULT_CONFIGS
 
     known = sorted(set(_DEFAULT_CONFIGS) | {"external"})
     if provider["type"] not in known:
         near = difflib.get_close_matches(provider["type"], known, n=1, cutoff=0.5)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
-        return [f"provider.type: {provider['type']!r} is not a provider Ray's launcher knows{hint}; valid: "
-                f"{', '.join(known)}."]
+        return [
+            f"provider.type: {provider['type']!r} is not a provider Ray's launcher knows{hint}; valid: "
+            f"{', '.join(known)}."
+        ]
     if provider["type"] == "local" and (written := sorted(LOCAL_BUILT_KEYS & set(config))):
-        return [f"{key}: not allowed with provider local (Ray builds the single on-premise node type itself); "
-                "remove it and list the machines in provider.head_ip and provider.worker_ips." for key in written]
+        return [
+            f"{key}: not allowed with provider local (Ray builds the single on-premise node type itself); "
+            "remove it and list the machines in provider.head_ip and provider.worker_ips."
+            for key in written
+        ]
     problems, prepared = _ray_checks(config)
     if prepared is None:
         return problems
-    checks = (lambda: _filled_keys(config, prepared), lambda: rules.image_problems(config, ray.__version__),
-              lambda: rules.auth_problems(config), lambda: rules.start_flag_problems(config),
-              lambda: rules.gpu_problems(config), lambda: rules.worker_count_problems(config, prepared),
-              lambda: rules.security_problems(config), lambda: rules.setup_problems(config),
-              lambda: exposure.core_dump_problems(config), lambda: exposure.public_ip_problems(config),
-              lambda: exposure.port_problems(config))
+    checks = (
+        lambda: _filled_keys(config, prepared),
+        lambda: rules.image_problems(config, ray.__version__),
+        lambda: rules.auth_problems(config),
+        lambda: rules.start_flag_problems(config),
+        lambda: rules.gpu_problems(config),
+        lambda: rules.worker_count_problems(config, prepared),
+        lambda: rules.security_problems(config),
+        lambda: rules.setup_problems(config),
+        lambda: exposure.core_dump_problems(config),
+        lambda: exposure.public_ip_problems(config),
+        lambda: exposure.port_problems(config),
+    )
     schema_failed = bool(problems)
     for check in checks:
         try:
             problems += check()
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             if not schema_failed:  # a shape Ray's schema allows but rayrl's rules do not expect
-                problems.append(f"a section has an unexpected shape ({type(exc).__name__}: {one_line(exc)}); "
-                                "compare it with cluster_configs/gpu.yaml.")
+                problems.append(
+                    f"a section has an unexpected shape ({type(exc).__name__}: {one_line(exc)}); "
+                    "compare it with cluster_configs/gpu.yaml."
+                )
     return problems
 
 
@@ -93,15 +111,22 @@ def _ray_checks(config: dict) -> tuple[list[str], dict | None]:
         with _quiet():
             prepared = prepare_config(copy.deepcopy(config))
     except Exception as exc:  # Ray raises KeyError, AssertionError, click exceptions ... here
-        return [f"Ray's launcher cannot read it ({type(exc).__name__}: {one_line(exc)}); fix the key it "
-                "names (compare with cluster_configs/gpu.yaml)."], None
+        return [
+            f"Ray's launcher cannot read it ({type(exc).__name__}: {one_line(exc)}); fix the key it "
+            "names (compare with cluster_configs/gpu.yaml)."
+        ], None
     if (where := _non_string_key(prepared)) is not None:  # Ray's schema check raises TypeError on them
-        return [f"{where}: a key that is not a string; YAML reads unquoted 0:, 1.5: or true: as numbers and "
-                "booleans, quote it."], None
-    errors = sorted(jsonschema.Draft7Validator(_ray_schema()).iter_errors(prepared),
-                    key=lambda e: [str(p) for p in e.path])
-    problems = [f"{dotted(e.absolute_path) or 'top level'}: {one_line(e.message)} (Ray's cluster schema); "
-                "fix or remove it." for e in errors]
+        return [
+            f"{where}: a key that is not a string; YAML reads unquoted 0:, 1.5: or true: as numbers and "
+            "booleans, quote it."
+        ], None
+    errors = sorted(
+        jsonschema.Draft7Validator(_ray_schema()).iter_errors(prepared), key=lambda e: [str(p) for p in e.path]
+    )
+    problems = [
+        f"{dotted(e.absolute_path) or 'top level'}: {one_line(e.message)} (Ray's cluster schema); fix or remove it."
+        for e in errors
+    ]
     if not problems:
         try:
             with _quiet():
@@ -135,15 +160,19 @@ def _filled_keys(config: dict, prepared: dict) -> list[str]:
         if key not in config and not (local and key in LOCAL_BUILT_KEYS):
             near = difflib.get_close_matches(key, unknown, n=1, cutoff=0.7)
             hint = f" (is {near[0]!r} a misspelling of it?)" if near else ""
-            problems.append(f"{key}: missing{hint}, so Ray's launcher silently fills it from its "
-                            f"{config['provider']['type']} defaults with {short(prepared[key])}; write the key "
-                            "explicitly (an empty value if you want none).")
+            problems.append(
+                f"{key}: missing{hint}, so Ray's launcher silently fills it from its "
+                f"{config['provider']['type']} defaults with {short(prepared[key])}; write the key "
+                "explicitly (an empty value if you want none)."
+            )
     if local:
         return problems
     for name, node in prepared.get("available_node_types", {}).items():
         raw = (config.get("available_node_types") or {}).get(name) or {}
         for key in node:
             if key not in raw:
-                problems.append(f"available_node_types.{name}.{key}: missing, so Ray fills it with "
-                                f"{short(node[key])}; write it explicitly.")
+                problems.append(
+                    f"available_node_types.{name}.{key}: missing, so Ray fills it with "
+                    f"{short(node[key])}; write it explicitly."
+                )
     return problems

@@ -12,13 +12,19 @@ from __future__ import annotations
 
 from typing import Any
 
-HOT_DAYS = 7     # objects stay in the standard class this long
-WARM_DAYS = 30   # then this long in a cheaper, still instantly readable class; then archive
+HOT_DAYS = 7  # objects stay in the standard class this long
+WARM_DAYS = 30  # then this long in a cheaper, still instantly readable class; then archive
 ARCHIVE_DAY = HOT_DAYS + WARM_DAYS
 
 # Colder to the right; the value is the class's rank.
-S3_CLASSES = {"STANDARD_IA": 1, "ONEZONE_IA": 1, "INTELLIGENT_TIERING": 1, "GLACIER_IR": 2, "GLACIER": 3,
-              "DEEP_ARCHIVE": 4}
+S3_CLASSES = {
+    "STANDARD_IA": 1,
+    "ONEZONE_IA": 1,
+    "INTELLIGENT_TIERING": 1,
+    "GLACIER_IR": 2,
+    "GLACIER": 3,
+    "DEEP_ARCHIVE": 4,
+}
 S3_ARCHIVE = ("GLACIER", "DEEP_ARCHIVE")
 S3_MIN_DAYS = {"STANDARD_IA": 30, "ONEZONE_IA": 30}  # S3 refuses earlier transitions to these
 GCS_CLASSES = {"STANDARD": 0, "NEARLINE": 1, "COLDLINE": 2, "ARCHIVE": 3}
@@ -40,17 +46,23 @@ def _tiers(steps: list[tuple[int, str, int]], archive: tuple[str, ...], where: s
     steps = sorted(steps)
     for (d1, c1, r1), (d2, c2, r2) in zip(steps, steps[1:]):
         if r2 <= r1:
-            problems.append(f"{where}: {c2} on day {d2} is not colder than {c1} on day {d1}; each transition must "
-                            "move to a colder class.")
+            problems.append(
+                f"{where}: {c2} on day {d2} is not colder than {c1} on day {d1}; each transition must "
+                "move to a colder class."
+            )
     if not steps or steps[0][0] != HOT_DAYS:
         first = f"day {steps[0][0]}" if steps else "none"
-        problems.append(f"{where}: the first transition (warm) is {first}; the guide keeps runs hot for {HOT_DAYS} "
-                        f"days, so make it day {HOT_DAYS}.")
+        problems.append(
+            f"{where}: the first transition (warm) is {first}; the guide keeps runs hot for {HOT_DAYS} "
+            f"days, so make it day {HOT_DAYS}."
+        )
     at_archive = [s for s in steps if s[1] in archive]
     if not at_archive or at_archive[0][0] != ARCHIVE_DAY:
         found = f"day {at_archive[0][0]}" if at_archive else "none"
-        problems.append(f"{where}: the transition to an archive class ({' or '.join(archive)}) is {found}; the guide "
-                        f"archives after {HOT_DAYS} hot + {WARM_DAYS} warm days, i.e. day {ARCHIVE_DAY}.")
+        problems.append(
+            f"{where}: the transition to an archive class ({' or '.join(archive)}) is {found}; the guide "
+            f"archives after {HOT_DAYS} hot + {WARM_DAYS} warm days, i.e. day {ARCHIVE_DAY}."
+        )
     return problems
 
 
@@ -66,11 +78,16 @@ def validate_s3(doc: dict) -> list[str]:
         if rule.get("Status") not in ("Enabled", "Disabled"):
             problems.append(f"{where}.Status: {rule.get('Status')!r} is not 'Enabled' or 'Disabled'.")
         if "Filter" not in rule and "Prefix" not in rule:
-            problems.append(f"{where}: no Filter; give Filter.Prefix (e.g. 'rayrl-runs/') so the rule ages only "
-                            "the runs' prefix, not the whole bucket.")
+            problems.append(
+                f"{where}: no Filter; give Filter.Prefix (e.g. 'rayrl-runs/') so the rule ages only "
+                "the runs' prefix, not the whole bucket."
+            )
         steps = []
         for j, t in enumerate(rule.get("Transitions") or []):
-            days, cls = t.get("Days") if isinstance(t, dict) else None, t.get("StorageClass") if isinstance(t, dict) else None
+            days, cls = (
+                t.get("Days") if isinstance(t, dict) else None,
+                t.get("StorageClass") if isinstance(t, dict) else None,
+            )
             if not isinstance(days, int) or isinstance(days, bool) or days < 0:
                 problems.append(f"{where}.Transitions.{j}.Days: {days!r} is not a whole number of days >= 0.")
                 continue
@@ -78,19 +95,25 @@ def validate_s3(doc: dict) -> list[str]:
                 problems.append(f"{where}.Transitions.{j}.StorageClass: {cls!r} is not one of {', '.join(S3_CLASSES)}.")
                 continue
             if days < S3_MIN_DAYS.get(cls, 0):
-                problems.append(f"{where}.Transitions.{j}: S3 refuses {cls} before day {S3_MIN_DAYS[cls]} (day {days}); "
-                                "use GLACIER_IR for a warm tier on day 7.")
+                problems.append(
+                    f"{where}.Transitions.{j}: S3 refuses {cls} before day {S3_MIN_DAYS[cls]} (day {days}); "
+                    "use GLACIER_IR for a warm tier on day 7."
+                )
             steps.append((days, cls, S3_CLASSES[cls]))
         if rule.get("Status") == "Enabled":
             problems += _tiers(steps, S3_ARCHIVE, f"{where}.Transitions")
         expire = (rule.get("Expiration") or {}).get("Days")
         if isinstance(expire, int) and expire <= ARCHIVE_DAY:
-            problems.append(f"{where}.Expiration.Days: {expire} deletes runs before they are archived (day "
-                            f"{ARCHIVE_DAY}); rayrl's results and checkpoints would be lost. Remove it or make it later.")
+            problems.append(
+                f"{where}.Expiration.Days: {expire} deletes runs before they are archived (day "
+                f"{ARCHIVE_DAY}); rayrl's results and checkpoints would be lost. Remove it or make it later."
+            )
         abort = (rule.get("AbortIncompleteMultipartUpload") or {}).get("DaysAfterInitiation")
         if rule.get("Status") == "Enabled" and not isinstance(abort, int):
-            problems.append(f"{where}: no AbortIncompleteMultipartUpload.DaysAfterInitiation; an upload cut off by a "
-                            "preemption stays billed forever. Add it (1 day).")
+            problems.append(
+                f"{where}: no AbortIncompleteMultipartUpload.DaysAfterInitiation; an upload cut off by a "
+                "preemption stays billed forever. Add it (1 day)."
+            )
     if not enabled:
         problems.append("Rules: no rule has Status 'Enabled'; nothing would age.")
     return problems
@@ -98,9 +121,13 @@ def validate_s3(doc: dict) -> list[str]:
 
 def validate_gcs(doc: dict) -> list[str]:
     """Problems with a GCS lifecycle configuration (`gcloud storage buckets update --lifecycle-file` JSON)."""
-    rules = doc.get("rule", (doc.get("lifecycle") or {}).get("rule") if isinstance(doc.get("lifecycle"), dict) else None)
+    rules = doc.get(
+        "rule", (doc.get("lifecycle") or {}).get("rule") if isinstance(doc.get("lifecycle"), dict) else None
+    )
     if not isinstance(rules, list) or not rules or not all(isinstance(r, dict) for r in rules):
-        return ["rule: must be a non-empty list of {action, condition} (see cluster_configs/storage/gcs-lifecycle.json)."]
+        return [
+            "rule: must be a non-empty list of {action, condition} (see cluster_configs/storage/gcs-lifecycle.json)."
+        ]
     problems: list[str] = []
     steps, aborts = [], 0
     for i, rule in enumerate(rules):
@@ -114,8 +141,10 @@ def validate_gcs(doc: dict) -> list[str]:
             problems.append(f"{where}.condition.age: {age!r} is not a whole number of days >= 0.")
             continue
         if not cond.get("matchesPrefix"):
-            problems.append(f"{where}.condition: no matchesPrefix; give the runs' prefix (e.g. ['rayrl-runs/']) so "
-                            "the rule ages only runs, not the whole bucket.")
+            problems.append(
+                f"{where}.condition: no matchesPrefix; give the runs' prefix (e.g. ['rayrl-runs/']) so "
+                "the rule ages only runs, not the whole bucket."
+            )
         if typ == "SetStorageClass":
             cls = action.get("storageClass")
             if cls not in GCS_CLASSES or cls == "STANDARD":
@@ -123,14 +152,18 @@ def validate_gcs(doc: dict) -> list[str]:
                 continue
             steps.append((age, cls, GCS_CLASSES[cls]))
         elif typ == "Delete" and age <= ARCHIVE_DAY:
-            problems.append(f"{where}: Delete at age {age} deletes runs before they are archived (day "
-                            f"{ARCHIVE_DAY}); rayrl's results and checkpoints would be lost. Remove it or make it later.")
+            problems.append(
+                f"{where}: Delete at age {age} deletes runs before they are archived (day "
+                f"{ARCHIVE_DAY}); rayrl's results and checkpoints would be lost. Remove it or make it later."
+            )
         else:
             aborts += typ == "AbortIncompleteMultipartUpload"
     problems += _tiers(steps, ("ARCHIVE",), "rule")
     if not aborts:
-        problems.append("rule: no AbortIncompleteMultipartUpload action; an upload cut off by a preemption stays "
-                        "billed forever. Add one (age 1).")
+        problems.append(
+            "rule: no AbortIncompleteMultipartUpload action; an upload cut off by a preemption stays "
+            "billed forever. Add one (age 1)."
+        )
     return problems
 
 

@@ -5,7 +5,8 @@ ALE id, so a spec never has to spell it out: frames max-pooled over the frameski
 84x84, scaled to [-1, 1], a stack of the last 4 frames, up to 30 no-ops at reset, FIRE at reset where
 the game needs it, each life one episode, and rewards clipped to their sign (-1, 0, 1; RLlib's
 ``clip_rewards`` is not applied on the new API stack, so the wrapper does it). Episode returns
-are therefore sums of clipped rewards per life (for Pong, the score difference). Factories are registered with Tune's registry under the
+are therefore sums of clipped rewards per life (for Pong, the score difference). Factories are
+registered with Tune's registry under the
 names made here, so env runners on any node build the same env.
 """
 
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-ATARI_DIM = 84         #: frame height and width after preprocessing (RLlib has a default CNN for 84x84)
-ATARI_FRAMESTACK = 4   #: frames stacked into one observation
-ATARI_FRAMESKIP = 4    #: frames per action (max-pooled over the last two) unless env.config says otherwise
+ATARI_DIM = 84  #: frame height and width after preprocessing (RLlib has a default CNN for 84x84)
+ATARI_FRAMESTACK = 4  #: frames stacked into one observation
+ATARI_FRAMESKIP = 4  #: frames per action (max-pooled over the last two) unless env.config says otherwise
 
 
 def is_ale(env_id: str) -> bool:

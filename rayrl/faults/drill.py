@@ -35,18 +35,20 @@ import os
 import sys
 import textwrap
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from rayrl import runtime, spec as spec_mod
-from rayrl.faults.harness import SCRATCH, drill_runners, say
-from rayrl.faults.driver_drill import driver_drill
-from rayrl.faults.drills import env_runner_drill, node_drill, trial_drill
-from rayrl.faults.restore import restore_checkpoints
-from rayrl.faults.storage_drill import storage_drill
-from rayrl.judge.folder import RunFolderError, load as load_run
+from rayrl import runtime
+from rayrl import spec as spec_mod
 from rayrl.args import Parser, fail
 from rayrl.errors import EXIT_USAGE, SpecError
+from rayrl.faults.drills import env_runner_drill, node_drill, trial_drill
+from rayrl.faults.driver_drill import driver_drill
+from rayrl.faults.harness import SCRATCH, drill_runners, say
+from rayrl.faults.restore import restore_checkpoints
+from rayrl.faults.storage_drill import storage_drill
+from rayrl.judge.folder import RunFolderError
+from rayrl.judge.folder import load as load_run
 from rayrl.spec import Spec
 from rayrl.storage.mirror import fetch, publish
 from rayrl.storage.uri import is_uri
@@ -68,13 +70,24 @@ def check_run_dir(path: str | Path) -> tuple[Path, Spec, str]:
     try:
         spec = spec_mod.from_dict(run.spec)  # the whole spec this time: the drills train it
     except SpecError as exc:
-        raise DrillError(f"{run.path / 'spec.yaml'}: not a valid rayrl spec ({exc}); the run folder is damaged "
-                         "or from another version of rayrl.") from None
+        raise DrillError(
+            f"{run.path / 'spec.yaml'}: not a valid rayrl spec ({exc}); the run folder is damaged "
+            "or from another version of rayrl."
+        ) from None
     return run.path, spec, run.kind
 
 
-def run_drills(run_dir: Path, spec: Spec, kind: str, names: Sequence[str], *, address: str | None = None,
-               num_cpus: int | None = None, restore: bool = True, timeout_s: float = 600.0) -> dict:
+def run_drills(
+    run_dir: Path,
+    spec: Spec,
+    kind: str,
+    names: Sequence[str],
+    *,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    restore: bool = True,
+    timeout_s: float = 600.0,
+) -> dict:
     """Run the named drills and the restore check; write and return drill.json's content."""
     import ray
 
@@ -87,8 +100,9 @@ def run_drills(run_dir: Path, spec: Spec, kind: str, names: Sequence[str], *, ad
     skipped: list[dict] = []
 
     def driver() -> None:  # always the first drill: a process of its own, killed and rerun
-        results["driver"] = _logged(driver_drill(spec, kind, storage, address=address, num_cpus=local_cpus,
-                                                 timeout_s=timeout_s * 1.5))
+        results["driver"] = _logged(
+            driver_drill(spec, kind, storage, address=address, num_cpus=local_cpus, timeout_s=timeout_s * 1.5)
+        )
 
     if "driver" in names and address is None:  # it starts its own local Ray: before this process starts one
         driver()
@@ -105,8 +119,9 @@ def run_drills(run_dir: Path, spec: Spec, kind: str, names: Sequence[str], *, ad
             say("node: skipped (a one-node cluster; give --address of a multi-node cluster)")
         else:
             say(f"{name}: training a scratch copy of the spec under {storage / name}")
-            fn = {"env_runner": env_runner_drill, "trial": trial_drill, "node": node_drill,
-                  "storage": storage_drill}[name]
+            fn = {"env_runner": env_runner_drill, "trial": trial_drill, "node": node_drill, "storage": storage_drill}[
+                name
+            ]
             results[name] = _logged(fn(spec, storage, timeout_s))
     data = _merge(run_dir / "drill.json", kind, results, skipped)
     if restore:
@@ -120,8 +135,10 @@ def run_drills(run_dir: Path, spec: Spec, kind: str, names: Sequence[str], *, ad
 
 def _cpus_needed(spec: Spec) -> int:
     """CPUs a local Ray needs for the widest drill (drill_runners EnvRunners)."""
-    held = resources.trial_resources(dataclasses.replace(spec.resources, env_runners=drill_runners(spec)),
-                                     spec.evaluation.env_runners if spec.evaluation.interval > 0 else 0)
+    held = resources.trial_resources(
+        dataclasses.replace(spec.resources, env_runners=drill_runners(spec)),
+        spec.evaluation.env_runners if spec.evaluation.interval > 0 else 0,
+    )
     return math.ceil(held.cpus)
 
 
@@ -134,8 +151,10 @@ def _check_local_gpus(spec: Spec) -> None:
 
     have = torch.cuda.device_count()
     if needed > have:
-        raise DrillError(f"the run's spec needs {needed:g} GPU(s) per trial and this machine has {have}; run the "
-                         "drills on the cluster that ran it (--address).")
+        raise DrillError(
+            f"the run's spec needs {needed:g} GPU(s) per trial and this machine has {have}; run the "
+            "drills on the cluster that ran it (--address)."
+        )
 
 
 def _logged(result: dict) -> dict:
@@ -159,9 +178,15 @@ def _merge(path: Path, kind: str, results: dict[str, dict], skipped: list[dict])
     kept.update(results)
     import ray
 
-    data = {"kind": kind, "ray_version": ray.__version__, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "drills": [kept[n] for n in DRILLS if n in kept], "skipped": skipped,
-            "restores": old.get("restores", []), "restore_rate": old.get("restore_rate")}
+    data = {
+        "kind": kind,
+        "ray_version": ray.__version__,
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "drills": [kept[n] for n in DRILLS if n in kept],
+        "skipped": skipped,
+        "restores": old.get("restores", []),
+        "restore_rate": old.get("restore_rate"),
+    }
     return data
 
 
@@ -171,8 +196,11 @@ def _merge(path: Path, kind: str, results: dict[str, dict], skipped: list[dict])
 
 def build_parser() -> argparse.ArgumentParser:
     """The `rayrl drill` parser; its help text is the command's documentation."""
-    p = Parser(prog="rayrl drill", formatter_class=argparse.RawDescriptionHelpFormatter, description=textwrap.dedent(
-        """\
+    p = Parser(
+        prog="rayrl drill",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.dedent(
+            """\
         Fault drills for a run folder: kill an EnvRunner, the trial, the driver (and a worker node on a
         multi-node cluster), time each recovery, then restore every kept checkpoint and play one
         episode from each. Writes RUN_DIR/drill.json (read by `rayrl report`).
@@ -184,20 +212,41 @@ def build_parser() -> argparse.ArgumentParser:
           trial       SIGKILL the trial actor; Tune retries from the latest checkpoint
           driver      kill -9 the sweep (in phase 2) or `rayrl train`, then the same command again
           node        kill a worker node's raylet (only when the cluster has more than one node)
-          storage     refuse checkpoint uploads for 8 s; training goes on, every checkpoint lands intact"""),
+          storage     refuse checkpoint uploads for 8 s; training goes on, every checkpoint lands intact"""
+        ),
         epilog="exit status: 0 all drills recovered and every checkpoint restored, 1 otherwise, 2 bad input "
-               "(run folder, flags, an unreachable cluster, or GPUs this machine lacks), before any drill.")
+        "(run folder, flags, an unreachable cluster, or GPUs this machine lacks), before any drill.",
+    )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder of `rayrl train` or the sweep ({storage}/{name})")
-    p.add_argument("--only", nargs="+", choices=DRILLS, metavar="DRILL", default=None,
-                   help=f"run only these drills ({', '.join(DRILLS)}); drill.json keeps earlier results of the others")
-    p.add_argument("--address", default=None, help="Ray cluster to run on (default: RAY_ADDRESS, else a new local "
-                   "Ray); the node drill needs a cluster with several nodes")
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray (default: all, at least "
-                   "what a drill trial needs)")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=DRILLS,
+        metavar="DRILL",
+        default=None,
+        help=f"run only these drills ({', '.join(DRILLS)}); drill.json keeps earlier results of the others",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster to run on (default: RAY_ADDRESS, else a new local "
+        "Ray); the node drill needs a cluster with several nodes",
+    )
+    p.add_argument(
+        "--num-cpus",
+        type=int,
+        default=None,
+        help="CPUs for a local Ray (default: all, at least what a drill trial needs)",
+    )
     p.add_argument("--no-restore", action="store_true", help="skip restoring the run's checkpoints")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S",
-                   help="give up on a drill after this many seconds (default: 600; the driver drill, which "
-                   "runs its command twice, gets 1.5x)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="give up on a drill after this many seconds (default: 600; the driver drill, which "
+        "runs its command twice, gets 1.5x)",
+    )
     return p
 
 
@@ -222,12 +271,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         fail(str(exc), "rayrl drill")
         return EXIT_USAGE
     address = args.address or os.environ.get("RAY_ADDRESS") or None
-    say(f"{kind} run {run_dir}: drills {', '.join(args.only or DRILLS)}"
-        f"{'' if args.no_restore else ', then a restore of every kept checkpoint'}")
+    say(
+        f"{kind} run {run_dir}: drills {', '.join(args.only or DRILLS)}"
+        f"{'' if args.no_restore else ', then a restore of every kept checkpoint'}"
+    )
     start = time.monotonic()
     try:
-        data = run_drills(run_dir, spec, kind, args.only or DRILLS, address=address, num_cpus=args.num_cpus,
-                          restore=not args.no_restore, timeout_s=args.timeout)
+        data = run_drills(
+            run_dir,
+            spec,
+            kind,
+            args.only or DRILLS,
+            address=address,
+            num_cpus=args.num_cpus,
+            restore=not args.no_restore,
+            timeout_s=args.timeout,
+        )
     except DrillError as exc:
         fail(str(exc), "rayrl drill")
         return EXIT_USAGE
@@ -241,10 +300,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         publish(source, run_dir, ["drill.json"])
     drills, rate = data["drills"], data.get("restore_rate")
     ok = all(d["outcome"] == "recovered" for d in drills) and rate in (None, 1.0)
-    summary = ", ".join(f"{d['name']} {d['outcome']}"
-                        + (f" in {d['recovery_s']:.1f}s" if d.get("recovery_s") is not None else "") for d in drills)
+    summary = ", ".join(
+        f"{d['name']} {d['outcome']}" + (f" in {d['recovery_s']:.1f}s" if d.get("recovery_s") is not None else "")
+        for d in drills
+    )
     restored = "no checkpoint to restore" if rate is None else f"restore rate {rate:.0%} of {len(data['restores'])}"
-    print(f"rayrl drill: {summary}; {restored}; {time.monotonic() - start:.0f}s; wrote {run_dir / 'drill.json'}",
-          flush=True)
+    print(
+        f"rayrl drill: {summary}; {restored}; {time.monotonic() - start:.0f}s; wrote {run_dir / 'drill.json'}",
+        flush=True,
+    )
     return 0 if ok else 1
-

@@ -13,9 +13,21 @@ import threading
 import time
 from pathlib import Path
 
+from rayrl.faults.harness import (
+    Monitor,
+    after_recovery,
+    drill_runners,
+    drill_spec,
+    kill_pid,
+    our_actors,
+    outcome,
+    ready_to_kill,
+    run_with_fault,
+    say,
+    scratch,
+    wait_for,
+)
 from rayrl.observe import keys
-from rayrl.faults.harness import (Monitor, after_recovery, drill_runners, drill_spec, kill_pid, our_actors, outcome,
-                                 ready_to_kill, run_with_fault, say, scratch, wait_for)
 from rayrl.spec import Spec
 
 
@@ -50,13 +62,24 @@ def env_runner_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dic
     result, info = run_with_fault(dspec, scratch(storage, "env_runner"), monitor, "env_runner", inject)
     after = monitor.results(after=info.get("t_kill", float("inf")))
     last = after[-1][1] if after else {}
-    ok = (info.get("t_back") is not None and result.error is None and monitor.count("recover") == 0
-          and monitor.count("error") == 0)
+    ok = (
+        info.get("t_back") is not None
+        and result.error is None
+        and monitor.count("recover") == 0
+        and monitor.count("error") == 0
+    )
     recovery = info["t_back"] - info["t_kill"] if info.get("t_back") else None
-    return outcome("env_runner", ok, recovery, env_runners=runners, restarts=last.get("restarts"),
-                    killed_at_iteration=info.get("killed_at_iteration"), final_iteration=last.get("iteration"),
-                    trial_failures=monitor.count("error") + monitor.count("recover"),
-                    **({"problem": info["problem"]} if "problem" in info else {}))
+    return outcome(
+        "env_runner",
+        ok,
+        recovery,
+        env_runners=runners,
+        restarts=last.get("restarts"),
+        killed_at_iteration=info.get("killed_at_iteration"),
+        final_iteration=last.get("iteration"),
+        trial_failures=monitor.count("error") + monitor.count("recover"),
+        **({"problem": info["problem"]} if "problem" in info else {}),
+    )
 
 
 def trial_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
@@ -80,8 +103,12 @@ def trial_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
         t_back = wait_for(lambda: next((t for t, _ in monitor.results(after=t_kill)), None), monitor.deadline)
         if t_back:
             wait_for(lambda: after_recovery(monitor, t_back), monitor.deadline)
-        return {"t_kill": t_kill, "t_back": t_back, "killed_at_iteration": before["iteration"],
-                "env_steps_at_kill": before["env_steps"]}
+        return {
+            "t_kill": t_kill,
+            "t_back": t_back,
+            "killed_at_iteration": before["iteration"],
+            "env_steps_at_kill": before["env_steps"],
+        }
 
     result, info = run_with_fault(dspec, scratch(storage, "trial"), monitor, "trial", inject)
     if "t_kill" not in info:
@@ -90,16 +117,33 @@ def trial_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
     checkpoints = [d["iteration"] for t, k, d in monitor.events if k == "checkpoint" and t < (t_back or 0)]
     first = next((d for t, d in monitor.results(after=t_kill)), {})
     resumed_from = max(checkpoints) if checkpoints else None
-    continued = bool(first) and resumed_from is not None and first["iteration"] == resumed_from + 1 \
-        and first["iteration"] > 1 and (first["env_steps"] or 0) > 0
-    ok = t_back is not None and monitor.count("recover") >= 1 and continued and result.error is None \
+    continued = (
+        bool(first)
+        and resumed_from is not None
+        and first["iteration"] == resumed_from + 1
+        and first["iteration"] > 1
+        and (first["env_steps"] or 0) > 0
+    )
+    ok = (
+        t_back is not None
+        and monitor.count("recover") >= 1
+        and continued
+        and result.error is None
         and result.metrics is not None
-    return outcome("trial", ok, t_back - t_kill if t_back else None, retries=monitor.count("recover"),
-                    killed_at_iteration=info["killed_at_iteration"], resumed_from_checkpoint_iteration=resumed_from,
-                    first_iteration_after=first.get("iteration"), first_env_steps_after=first.get("env_steps"),
-                    env_steps_at_kill=info.get("env_steps_at_kill"),
-                    final_iteration=(result.metrics or {}).get(keys.ITERATION),
-                    **({"problem": info["problem"]} if "problem" in info else {}))
+    )
+    return outcome(
+        "trial",
+        ok,
+        t_back - t_kill if t_back else None,
+        retries=monitor.count("recover"),
+        killed_at_iteration=info["killed_at_iteration"],
+        resumed_from_checkpoint_iteration=resumed_from,
+        first_iteration_after=first.get("iteration"),
+        first_env_steps_after=first.get("env_steps"),
+        env_steps_at_kill=info.get("env_steps_at_kill"),
+        final_iteration=(result.metrics or {}).get(keys.ITERATION),
+        **({"problem": info["problem"]} if "problem" in info else {}),
+    )
 
 
 def node_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
@@ -129,8 +173,10 @@ def node_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
         node = candidates[0]
         before = monitor.results()[-1][1]
         t_kill = _kill_raylet(node)
-        say(f"node: killed the raylet of node {node[:8]} (hosting {', '.join(sorted(hosts[node]))}) at "
-            f"iteration {before['iteration']}")
+        say(
+            f"node: killed the raylet of node {node[:8]} (hosting {', '.join(sorted(hosts[node]))}) at "
+            f"iteration {before['iteration']}"
+        )
 
         def back() -> float | None:
             for t, r in monitor.results(after=t_kill):
@@ -142,17 +188,28 @@ def node_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
         t_back = wait_for(back, monitor.deadline)
         if t_back:
             wait_for(lambda: after_recovery(monitor, t_back), monitor.deadline)
-        return {"t_kill": t_kill, "t_back": t_back, "node": node, "hosted": sorted(hosts[node]),
-                "killed_at_iteration": before["iteration"]}
+        return {
+            "t_kill": t_kill,
+            "t_back": t_back,
+            "node": node,
+            "hosted": sorted(hosts[node]),
+            "killed_at_iteration": before["iteration"],
+        }
 
     result, info = run_with_fault(dspec, scratch(storage, "node"), monitor, "node", inject)
     t_back = info.get("t_back")
     ok = t_back is not None and result.error is None
-    return outcome("node", ok, t_back - info["t_kill"] if t_back else None, node=info.get("node"),
-                    hosted=info.get("hosted"), retries=monitor.count("recover"),
-                    killed_at_iteration=info.get("killed_at_iteration"),
-                    final_iteration=(result.metrics or {}).get(keys.ITERATION),
-                    **({"problem": info["problem"]} if "problem" in info else {}))
+    return outcome(
+        "node",
+        ok,
+        t_back - info["t_kill"] if t_back else None,
+        node=info.get("node"),
+        hosted=info.get("hosted"),
+        retries=monitor.count("recover"),
+        killed_at_iteration=info.get("killed_at_iteration"),
+        final_iteration=(result.metrics or {}).get(keys.ITERATION),
+        **({"problem": info["problem"]} if "problem" in info else {}),
+    )
 
 
 def _kill_raylet(node_id: str) -> float:

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from rayrl import runfolder
-from rayrl.observe import keys
 from rayrl import spec as spec_mod
 from rayrl.faults.harness import KILL_AFTER_ITERS, drill_spec, outcome, say, scratch, wait_for
-from rayrl.judge.folder import RunFolderError, load as load_run
+from rayrl.judge.folder import RunFolderError
+from rayrl.judge.folder import load as load_run
+from rayrl.observe import keys
 from rayrl.spec import Spec
 from rayrl.storage.files import write_local
 
@@ -29,8 +30,11 @@ _SWEEP_MAIN = "import sys; from rayrl.sweep.cli import main; sys.exit(main(sys.a
 
 
 def _digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _newest_state(exp: Path) -> list[dict]:
@@ -55,8 +59,9 @@ def _parse_rows(lines: list[str]) -> list[dict]:
     return list(csv.DictReader(lines)) if len(lines) > 1 else []
 
 
-def driver_drill(spec: Spec, kind: str, storage: Path, *, address: str | None, num_cpus: int | None,
-                 timeout_s: float = 900.0) -> dict:
+def driver_drill(
+    spec: Spec, kind: str, storage: Path, *, address: str | None, num_cpus: int | None, timeout_s: float = 900.0
+) -> dict:
     """SIGKILL the driver's process group mid-run (a sweep in phase 2, or `rayrl train` after a
     checkpoint), run the same command again, and check what was kept."""
     sweep = kind == "sweep"
@@ -67,8 +72,7 @@ def driver_drill(spec: Spec, kind: str, storage: Path, *, address: str | None, n
     args = ["--config", str(config), "--storage", str(storage), "--name", "driver"]
     if address is None:
         args += ["--num-cpus", str(num_cpus or os.cpu_count() or 2)]
-    cmd = [sys.executable, "-c", _SWEEP_MAIN, *args] if sweep else \
-        [sys.executable, "-m", "rayrl.cli", "train", *args]
+    cmd = [sys.executable, "-c", _SWEEP_MAIN, *args] if sweep else [sys.executable, "-m", "rayrl.cli", "train", *args]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
     env.pop("RAY_ADDRESS", None)
@@ -88,32 +92,44 @@ def driver_drill(spec: Spec, kind: str, storage: Path, *, address: str | None, n
         rows = len(_history_rows(history)) - 1
         return {"killed_at": f"iteration {rows}"} if ckpts and rows >= KILL_AFTER_ITERS else None
 
-    say(f"driver: started {'the sweep' if sweep else 'rayrl train'} on a scratch spec; waiting for "
-        f"{'a finished phase-2 trial' if sweep else 'a checkpoint'}")
+    say(
+        f"driver: started {'the sweep' if sweep else 'rayrl train'} on a scratch spec; waiting for "
+        f"{'a finished phase-2 trial' if sweep else 'a checkpoint'}"
+    )
     with (storage / "driver.log").open("w") as log:
         first = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            where = wait_for(lambda: ready() or (first.poll() is not None and {"exited": first.returncode}),
-                          deadline, step=0.1)
+            where = wait_for(
+                lambda: ready() or (first.poll() is not None and {"exited": first.returncode}), deadline, step=0.1
+            )
         finally:
             if first.poll() is None:
                 os.killpg(first.pid, signal.SIGKILL)
             first.wait()
     if not where or "exited" in where:
-        return outcome("driver", False, None, problem=f"the {kind} ended (exit {where and where.get('exited')}) "
-                        f"or timed out before the kill point; see {storage / 'driver.log'}")
+        return outcome(
+            "driver",
+            False,
+            None,
+            problem=f"the {kind} ended (exit {where and where.get('exited')}) "
+            f"or timed out before the kill point; see {storage / 'driver.log'}",
+        )
     say(f"driver: kill -9 of the driver at {where['killed_at']}; running the same command again")
     before = _digest(run_dir)
     rows_before = _history_rows(history)
-    finished = {s["trial_id"] for s in _newest_state(run_dir / "phase2") if s.get("status") == "TERMINATED"} \
-        if sweep else set()
+    finished = (
+        {s["trial_id"] for s in _newest_state(run_dir / "phase2") if s.get("status") == "TERMINATED"}
+        if sweep
+        else set()
+    )
 
     t_restart = time.time()
     with (storage / "driver.resume.log").open("w") as log:
         second = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            t_back = wait_for(lambda: len(_history_rows(history)) > len(rows_before) and time.time(),
-                           deadline, step=0.1)
+            t_back = wait_for(
+                lambda: len(_history_rows(history)) > len(rows_before) and time.time(), deadline, step=0.1
+            )
             rc = second.wait(timeout=max(deadline - time.time(), 1))
         except subprocess.TimeoutExpired:
             os.killpg(second.pid, signal.SIGKILL)
@@ -123,16 +139,24 @@ def driver_drill(spec: Spec, kind: str, storage: Path, *, address: str | None, n
     out = (storage / "driver.resume.log").read_text(errors="replace")
     after = _digest(run_dir)
     rows_after = _history_rows(history)
-    new_rows = rows_after[len(rows_before):]
+    new_rows = rows_after[len(rows_before) :]
     problems = _kept_problems(before, after, rows_before, rows_after, finished, sweep)
     new = _parse_rows(rows_after[:1] + new_rows)
-    detail: dict[str, Any] = {"kind": kind, "killed_at": where["killed_at"], "exit_status": rc,
-                              "rerun_s": round(rerun_s, 1), "files_checked": len(before)}
+    detail: dict[str, Any] = {
+        "kind": kind,
+        "killed_at": where["killed_at"],
+        "exit_status": rc,
+        "rerun_s": round(rerun_s, 1),
+        "files_checked": len(before),
+    }
     if sweep:
         rerun = sorted({r["trial_id"] for r in new} & finished)
         phase1_rerun = sum(runfolder.OLD_PHASE_NAMES.get(r["phase"], r["phase"]) == runfolder.LADDER for r in new)
-        detail.update(finished_before_kill=len(finished), finished_trials_rerun=len(rerun),
-                      phase1_kept="ladder already finished" in out and phase1_rerun == 0)
+        detail.update(
+            finished_before_kill=len(finished),
+            finished_trials_rerun=len(rerun),
+            phase1_kept="ladder already finished" in out and phase1_rerun == 0,
+        )
         if rerun:
             problems.append(f"finished trials ran again: {', '.join(rerun)}")
         if not detail["phase1_kept"]:
@@ -142,8 +166,9 @@ def driver_drill(spec: Spec, kind: str, storage: Path, *, address: str | None, n
         first_iter = int(float(new[0][keys.ITERATION])) if new else None
         detail.update(killed_at_iteration=killed_iter, first_iteration_after=first_iter)
         if first_iter is None or not 1 < first_iter <= killed_iter + 1:
-            problems.append(f"the resumed run started at iteration {first_iter}, not from a checkpoint "
-                            f"(killed at {killed_iter})")
+            problems.append(
+                f"the resumed run started at iteration {first_iter}, not from a checkpoint (killed at {killed_iter})"
+            )
     try:
         load_run(run_dir)
     except RunFolderError as exc:
@@ -152,13 +177,19 @@ def driver_drill(spec: Spec, kind: str, storage: Path, *, address: str | None, n
         problems.append(f"the second run exited {rc}; see {storage / 'driver.resume.log'}")
     if problems:
         detail["problems"] = problems
-    return outcome("driver", not problems and t_back is not None, t_back - t_restart if t_back else None,
-                    **detail)
+    return outcome("driver", not problems and t_back is not None, t_back - t_restart if t_back else None, **detail)
 
 
-def _kept_problems(before: dict[str, str], after: dict[str, str], rows_before: list[str],
-                   rows_after: list[str], finished: set[str], sweep: bool) -> list[str]:
+def _kept_problems(
+    before: dict[str, str],
+    after: dict[str, str],
+    rows_before: list[str],
+    rows_after: list[str],
+    finished: set[str],
+    sweep: bool,
+) -> list[str]:
     """Files the resume must leave exactly as they were (rayrl's, phase 1, finished trials)."""
+
     def frozen(rel: str) -> bool:
         parts = rel.split("/")
         if rel in ("spec.yaml", "doubling.csv") or parts[0] == "phase1":
@@ -167,6 +198,6 @@ def _kept_problems(before: dict[str, str], after: dict[str, str], rows_before: l
 
     changed = sorted(rel for rel, digest in before.items() if frozen(rel) and after.get(rel) != digest)
     problems = [f"changed or lost: {', '.join(changed[:8])}"] if changed else []
-    if rows_after[:len(rows_before)] != rows_before:
+    if rows_after[: len(rows_before)] != rows_before:
         problems.append("history.csv: rows written before the kill changed")
     return problems

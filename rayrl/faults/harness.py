@@ -12,19 +12,21 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from rayrl import runfolder, runtime
+from rayrl import spec as spec_mod
 from rayrl.observe import keys
-from rayrl import runfolder, runtime, spec as spec_mod
-from rayrl.storage.files import write_local
 from rayrl.spec import Spec
+from rayrl.storage.files import write_local
 
-SCRATCH = "drills"   #: RUN_DIR/drills/: the drills' scratch runs, never part of the run itself
-BATCH = 512          #: train batch of every drill run (tiny: an iteration takes about a second on 2 cores)
+SCRATCH = "drills"  #: RUN_DIR/drills/: the drills' scratch runs, never part of the run itself
+BATCH = 512  #: train batch of every drill run (tiny: an iteration takes about a second on 2 cores)
 MINIBATCH = 128
 KILL_AFTER_ITERS = 3  #: results seen before a fault is injected
-AFTER_RECOVERY = 2    #: results required after recovery before a drill run stops
+AFTER_RECOVERY = 2  #: results required after recovery before a drill run stops
 
 
 def say(message: str) -> None:
@@ -57,9 +59,19 @@ def drill_spec(spec: Spec, name: str, *, env_runners: int | None = None, kind: s
         # Two rungs, then four short phase-2 trials one at a time (no early stopping), so the kill
         # lands between a finished trial and a running one.
         data["search"].update(
-            doubling={"start": BATCH, "factor": 2, "cap": 2 * BATCH, "min_gain": spec.search.doubling.min_gain,
-                      "warmup_iters": 0, "measure_iters": 1},
-            num_samples=4, max_env_steps=BATCH * 6, grace_env_steps=BATCH * 6, max_concurrent=1)
+            doubling={
+                "start": BATCH,
+                "factor": 2,
+                "cap": 2 * BATCH,
+                "min_gain": spec.search.doubling.min_gain,
+                "warmup_iters": 0,
+                "measure_iters": 1,
+            },
+            num_samples=4,
+            max_env_steps=BATCH * 6,
+            grace_env_steps=BATCH * 6,
+            max_concurrent=1,
+        )
     elif kind == "driver":
         data["stop"]["env_steps"] = BATCH * 16
     return spec_mod.from_dict(data)
@@ -113,9 +125,13 @@ def _tune_hooks(monitor: Monitor) -> tuple[Any, Any]:
 
         def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
             ft = result.get("fault_tolerance") or {}
-            self.m.add("result", iteration=int(result.get(keys.ITERATION, 0)),
-                       env_steps=keys.lookup(result, keys.ENV_STEPS), healthy=ft.get("num_healthy_workers"),
-                       restarts=ft.get("num_remote_worker_restarts"))
+            self.m.add(
+                "result",
+                iteration=int(result.get(keys.ITERATION, 0)),
+                env_steps=keys.lookup(result, keys.ENV_STEPS),
+                healthy=ft.get("num_healthy_workers"),
+                restarts=ft.get("num_remote_worker_restarts"),
+            )
 
         def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
             self.m.add("checkpoint", iteration=int((trial.last_result or {}).get(keys.ITERATION, 0)))
@@ -175,12 +191,14 @@ def kill_pid(pid: int, node_id: str) -> float:
         os.kill(pid, signal.SIGKILL)
         return time.time()
 
-    return ray.get(kill.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
-                   .remote(pid), timeout=60)
+    return ray.get(
+        kill.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(pid), timeout=60
+    )
 
 
-def run_with_fault(spec: Spec, paths: runtime.RunPaths, monitor: Monitor, label: str,
-                   inject: Callable[[], dict]) -> tuple[Any, dict]:
+def run_with_fault(
+    spec: Spec, paths: runtime.RunPaths, monitor: Monitor, label: str, inject: Callable[[], dict]
+) -> tuple[Any, dict]:
     """Train ``spec`` under Tune in this process while ``inject`` runs in a thread; (result, info)."""
     from rayrl.tune.tuner import make_tuner
 
@@ -194,7 +212,9 @@ def run_with_fault(spec: Spec, paths: runtime.RunPaths, monitor: Monitor, label:
         finally:
             monitor.done = True
 
-    write_local(paths.run_dir / runfolder.SPEC, spec_mod.dumps(spec).encode())  # the scratch folder reads like any train run's
+    write_local(
+        paths.run_dir / runfolder.SPEC, spec_mod.dumps(spec).encode()
+    )  # the scratch folder reads like any train run's
     callback, stopper = _tune_hooks(monitor)
     tuner = make_tuner(spec, paths, stop=stopper, extra_callbacks=[callback], verbose_label=f"drill {label}")
     thread = threading.Thread(target=injector, daemon=True)
@@ -217,5 +237,9 @@ def after_recovery(monitor: Monitor, since: float) -> bool:
 
 def outcome(name: str, ok: bool, recovery_s: float | None, **detail: Any) -> dict:
     """One drill's row in drill.json (the shape `rayrl report` and `rayrl doctor` read)."""
-    return {"name": name, "outcome": "recovered" if ok else "failed",
-            "recovery_s": None if recovery_s is None else round(recovery_s, 2), **detail}
+    return {
+        "name": name,
+        "outcome": "recovered" if ok else "failed",
+        "recovery_s": None if recovery_s is None else round(recovery_s, 2),
+        **detail,
+    }

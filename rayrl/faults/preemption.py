@@ -23,7 +23,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ray.tune import Callback
 
@@ -61,8 +62,7 @@ class TrialPreemption:
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.requested_at is None:
             self.requested_at = time.time()
-            print(f"[rayrl] SIGTERM: checkpointing after this iteration (exit within {self.grace_s:g}s)",
-                  flush=True)
+            print(f"[rayrl] SIGTERM: checkpointing after this iteration (exit within {self.grace_s:g}s)", flush=True)
             timer = threading.Timer(self.grace_s, self.exit_now)
             timer.daemon = True
             timer.start()
@@ -97,8 +97,10 @@ def _on_driver_signal(signum: int, frame: Any) -> None:
     if _DRIVER["requested_at"] is not None:
         return
     _DRIVER["requested_at"] = time.time()
-    print(f"[rayrl] SIGTERM: checkpointing every running trial, then stopping (within {_DRIVER['grace_s']:g}s)",
-          flush=True)
+    print(
+        f"[rayrl] SIGTERM: checkpointing every running trial, then stopping (within {_DRIVER['grace_s']:g}s)",
+        flush=True,
+    )
     timer = threading.Timer(_DRIVER["grace_s"], _driver_give_up)
     timer.daemon = True
     timer.start()
@@ -175,8 +177,9 @@ class FailureBudget(Callback):
         now = time.time()
         _BUDGET["failures"].append(now)
         if not _BUDGET["exceeded"] and over_budget(_BUDGET["failures"], now, self.max_failures, self.window_s):
-            _BUDGET["exceeded"] = (f"{len(_BUDGET['failures'])} trial failures, more than {self.max_failures} "
-                                   f"within {self.window_s:g}s")
+            _BUDGET["exceeded"] = (
+                f"{len(_BUDGET['failures'])} trial failures, more than {self.max_failures} within {self.window_s:g}s"
+            )
             print(f"[rayrl] {_BUDGET['exceeded']}: stopping the run (it stays resumable)", flush=True)
             _interrupt_tune()
 

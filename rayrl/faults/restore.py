@@ -44,9 +44,14 @@ def restore_checkpoints(run_dir: Path, spec: Spec) -> tuple[list[dict], float | 
             if algorithm is not None:
                 algorithm.stop()
         rows.append(row)
-        say(f"restore {i}/{len(paths)}: {row['checkpoint']}: " + (
-            f"restored in {row['restore_s']:.1f}s, episode return {row['episode_return']:.1f}" if row["ok"]
-            else f"FAILED ({row['error']})"))
+        say(
+            f"restore {i}/{len(paths)}: {row['checkpoint']}: "
+            + (
+                f"restored in {row['restore_s']:.1f}s, episode return {row['episode_return']:.1f}"
+                if row["ok"]
+                else f"FAILED ({row['error']})"
+            )
+        )
     rate = sum(r["ok"] for r in rows) / len(rows) if rows else None
     return rows, rate
 
@@ -58,6 +63,7 @@ def _play_episode(algorithm: Any) -> tuple[float, int]:
         episodes = runner.sample(num_episodes=1, explore=False)
     else:
         episodes = algorithm.env_runner_group.foreach_env_runner(
-            lambda r: r.sample(num_episodes=1, explore=False), local_env_runner=False)[0]
+            lambda r: r.sample(num_episodes=1, explore=False), local_env_runner=False
+        )[0]
     done = [e for e in episodes if e.is_done] or episodes
     return float(done[0].get_return()), len(done[0])

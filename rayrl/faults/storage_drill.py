@@ -15,13 +15,13 @@ import dataclasses
 import time
 from pathlib import Path
 
-from rayrl.observe import keys
 from rayrl.faults.harness import Monitor, drill_spec, outcome, run_with_fault, say, scratch, wait_for
+from rayrl.observe import keys
 from rayrl.spec import Spec
 from rayrl.storage import manifest
 
-OUTAGE_S = 8.0     #: how long the storage refuses uploads
-BLOCKED = 30       #: checkpoint indices blocked ahead (more than the outage can produce)
+OUTAGE_S = 8.0  #: how long the storage refuses uploads
+BLOCKED = 30  #: checkpoint indices blocked ahead (more than the outage can produce)
 
 
 def storage_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
@@ -29,8 +29,12 @@ def storage_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
     outage and every checkpoint registered by then reached storage intact after it."""
     paths = scratch(storage, "storage")
     base = drill_spec(spec, "storage")
-    dspec = dataclasses.replace(base, checkpoint=dataclasses.replace(
-        base.checkpoint, every=1, keep=100, tiered=True, local_dir=str(paths.run_dir / "tier1")))
+    dspec = dataclasses.replace(
+        base,
+        checkpoint=dataclasses.replace(
+            base.checkpoint, every=1, keep=100, tiered=True, local_dir=str(paths.run_dir / "tier1")
+        ),
+    )
     monitor = Monitor(timeout_s)
 
     def trial_dir() -> Path | None:
@@ -41,6 +45,8 @@ def storage_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
         if not wait_for(lambda: monitor.count("checkpoint") >= 2 and trial_dir(), monitor.deadline):
             return {"problem": "training produced no checkpoint before the outage"}
         trial = trial_dir()
+        if trial is None:
+            return {"problem": "the trial's folder went away before the outage"}
         newest = max(int(p.name[11:]) for p in trial.glob("checkpoint_*"))
         blockers = [trial / f"checkpoint_{i:06d}" for i in range(newest + 2, newest + 2 + BLOCKED)]
         for b in blockers:
@@ -62,17 +68,35 @@ def storage_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
 
         t_landed = wait_for(lambda: time.time() if landed() else None, monitor.deadline)
         broken = {p.name: manifest.problems(p) for p in sorted(trial.glob("checkpoint_*")) if p.is_dir()}
-        return {"t_outage": t_out, "t_back_on": t_back_on, "t_landed": t_landed, "results_during_outage": during,
-                "checkpoints_registered": registered, "checkpoints_in_storage": len(broken),
-                "corrupt": sorted(n for n, probs in broken.items() if probs)}
+        return {
+            "t_outage": t_out,
+            "t_back_on": t_back_on,
+            "t_landed": t_landed,
+            "results_during_outage": during,
+            "checkpoints_registered": registered,
+            "checkpoints_in_storage": len(broken),
+            "corrupt": sorted(n for n, probs in broken.items() if probs),
+        }
 
     result, info = run_with_fault(dspec, paths, monitor, "storage", inject)
     failures = keys.lookup(result.metrics or {}, keys.CHECKPOINT_UPLOAD_FAILURES)
-    ok = (info.get("t_landed") is not None and info.get("results_during_outage", 0) > 0 and not info.get("corrupt")
-          and (failures or 0) > 0 and result.error is None)
+    ok = (
+        info.get("t_landed") is not None
+        and info.get("results_during_outage", 0) > 0
+        and not info.get("corrupt")
+        and (failures or 0) > 0
+        and result.error is None
+    )
     recovery = info["t_landed"] - info["t_back_on"] if info.get("t_landed") else None
-    return outcome("storage", ok, recovery, outage_s=OUTAGE_S,
-                   results_during_outage=info.get("results_during_outage"),
-                   upload_failures=failures, checkpoints_registered=info.get("checkpoints_registered"),
-                   checkpoints_in_storage=info.get("checkpoints_in_storage"), corrupt=info.get("corrupt"),
-                   **({"problem": info["problem"]} if "problem" in info else {}))
+    return outcome(
+        "storage",
+        ok,
+        recovery,
+        outage_s=OUTAGE_S,
+        results_during_outage=info.get("results_during_outage"),
+        upload_failures=failures,
+        checkpoints_registered=info.get("checkpoints_registered"),
+        checkpoints_in_storage=info.get("checkpoints_in_storage"),
+        corrupt=info.get("corrupt"),
+        **({"problem": info["problem"]} if "problem" in info else {}),
+    )

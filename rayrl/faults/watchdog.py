@@ -19,8 +19,9 @@ import time
 from typing import Any
 
 
-def silent_too_long(silent_since: dict[int, float], answered: set[int], asked: set[int], now: float,
-                    hung_s: float) -> list[int]:
+def silent_too_long(
+    silent_since: dict[int, float], answered: set[int], asked: set[int], now: float, hung_s: float
+) -> list[int]:
     """Update ``silent_since`` (runner id -> first unanswered ping) and return the runners to restart."""
     for rid in list(silent_since):
         if rid in answered or rid not in asked:
@@ -52,8 +53,10 @@ class Watchdog:
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=self.ping_s)
         answered = {refs[r] for r in ready}
         for rid in silent_too_long(self.silent_since, answered, set(actors), time.monotonic(), self.hung_s):
-            print(f"[rayrl] EnvRunner {rid} has not answered for {self.hung_s:g}s (a hung env step?): "
-                  "restarting it", flush=True)
+            print(
+                f"[rayrl] EnvRunner {rid} has not answered for {self.hung_s:g}s (a hung env step?): restarting it",
+                flush=True,
+            )
             ray.kill(actors[rid], no_restart=False)
             manager.set_actor_state(rid, healthy=False)
             del self.silent_since[rid]

@@ -11,8 +11,8 @@ docs/observability.md for every definition.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -82,14 +82,17 @@ def check_network(net_util: Sequence[float], t: Thresholds = Thresholds()) -> Ch
     return Check("hardware", name, thr, _pct(v.max()), PASS if v.max() < t.net_util_max else FAIL)
 
 
-def check_throughput(measured: float | None, expected: float | None, source: str,
-                     t: Thresholds = Thresholds()) -> Check:
+def check_throughput(
+    measured: float | None, expected: float | None, source: str, t: Thresholds = Thresholds()
+) -> Check:
     """Median env steps/s after warm-up >= expected x (1 - tolerance)."""
     name = "env steps/s (median)"
     if expected is None or not math.isfinite(expected):
         return Check("training", name, "expected figure", source, NA)
-    thr = f">= {expected * (1 - t.env_steps_per_s_tolerance):,.0f} ({source} {expected:,.0f} - " \
-          f"{_pct(t.env_steps_per_s_tolerance)})"
+    thr = (
+        f">= {expected * (1 - t.env_steps_per_s_tolerance):,.0f} ({source} {expected:,.0f} - "
+        f"{_pct(t.env_steps_per_s_tolerance)})"
+    )
     if measured is None or not math.isfinite(measured):
         return Check("training", name, thr, "no env steps/s in history.csv", NA)
     ok = measured >= expected * (1 - t.env_steps_per_s_tolerance)
@@ -126,8 +129,13 @@ def check_loss(losses: dict[str, Sequence[float]], t: Thresholds = Thresholds(),
     n = sum(len(s) for s in found.values())
     points = sum(reported[tid] for tid in usable)
     where = "; ".join(f"{tid}: points {s}" for tid, s in found.items() if s)
-    return Check("training", name, thr, f"{n} spikes in {points} points" + (f" ({where})" if where else ""),
-                 PASS if n == 0 else FAIL)
+    return Check(
+        "training",
+        name,
+        thr,
+        f"{n} spikes in {points} points" + (f" ({where})" if where else ""),
+        PASS if n == 0 else FAIL,
+    )
 
 
 def check_return(final_return: float | None, target: float | None, judged_by: str = "training") -> Check:
@@ -175,11 +183,17 @@ def check_recovery(drill: dict | None, t: Thresholds = Thresholds()) -> Check:
     name, thr = "recovery time (worst drill)", f"< {t.recovery_s_max:g} s"
     drills = (drill or {}).get("drills") or []
     if not drills:
-        return Check("fault tolerance", name, thr, "no drill.json (run `rayrl drill RUN_DIR`)" if drill is None
-                     else "drill.json lists no drills", NA)
+        return Check(
+            "fault tolerance",
+            name,
+            thr,
+            "no drill.json (run `rayrl drill RUN_DIR`)" if drill is None else "drill.json lists no drills",
+            NA,
+        )
     failed = [d.get("name", "?") for d in drills if d.get("outcome") != "recovered"]
-    times = [float(d["recovery_s"]) for d in drills
-             if d.get("outcome") == "recovered" and d.get("recovery_s") is not None]
+    times = [
+        float(d["recovery_s"]) for d in drills if d.get("outcome") == "recovered" and d.get("recovery_s") is not None
+    ]
     worst = max(times) if times else math.nan
     text = (f"{worst:.1f} s" if times else "no recovery") + (f"; failed: {', '.join(failed)}" if failed else "")
     return Check("fault tolerance", name, thr, text, PASS if not failed and worst < t.recovery_s_max else FAIL)
@@ -193,8 +207,13 @@ def check_restore(drill: dict | None, t: Thresholds = Thresholds()) -> Check:
     if rate is None and drills:
         rate = sum(d.get("outcome") == "recovered" for d in drills) / len(drills)
     if rate is None:
-        return Check("fault tolerance", name, thr, "no drill.json (run `rayrl drill RUN_DIR`)" if drill is None
-                     else "drill.json has no restores", NA)
+        return Check(
+            "fault tolerance",
+            name,
+            thr,
+            "no drill.json (run `rayrl drill RUN_DIR`)" if drill is None else "drill.json has no restores",
+            NA,
+        )
     return Check("fault tolerance", name, thr, _pct(float(rate)), PASS if rate >= t.restore_rate_min else FAIL)
 
 

@@ -11,27 +11,26 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
+from rayrl.errors import EXIT_USAGE
 from rayrl.judge.evaluation import after_warmup
 from rayrl.judge.folder import RunFolderError, load
-from rayrl.errors import EXIT_USAGE
-
 
 
 @dataclass(frozen=True)
 class Evidence:
     """What the rules read: every run's history rows, the doubling ladder, the fault drills."""
 
-    history: pd.DataFrame                       #: history.csv rows of every run (column "run" added)
-    doubling: pd.DataFrame | None = None        #: the first sweep's doubling.csv, if any
+    history: pd.DataFrame  #: history.csv rows of every run (column "run" added)
+    doubling: pd.DataFrame | None = None  #: the first sweep's doubling.csv, if any
     drills: list[dict] = field(default_factory=list)  #: drill entries from every drill.json
-    restore_rate: float | None = None           #: the lowest restore_rate any drill.json reports
-    warmup_iters: int = 1                       #: iterations of each trial not judged
+    restore_rate: float | None = None  #: the lowest restore_rate any drill.json reports
+    warmup_iters: int = 1  #: iterations of each trial not judged
 
 
 @dataclass(frozen=True)
@@ -61,13 +60,15 @@ def communication_bound(ev: Evidence, min_gain: float = 0.15) -> Finding | None:
     counts, rates = by_n.index.tolist(), by_n.tolist()
     for (n0, r0), (n1, r1) in zip(zip(counts, rates), zip(counts[1:], rates[1:])):
         if r0 > 0 and r1 / r0 - 1 < min_gain:
-            return Finding("communication bound",
-                           f"{int(n0)} -> {int(n1)} learners: env steps/s {r0:,.0f} -> {r1:,.0f} "
-                           f"({r1 / r0 - 1:+.0%}, under +{min_gain:.0%})",
-                           "the learners spend their time synchronising gradients, not computing",
-                           "use NCCL over RDMA (InfiniBand/RoCE; check NCCL_IB_* and that NCCL, not gloo, "
-                           "is the backend), use fewer learners, or a larger batch per learner so each "
-                           "all-reduce carries more work")
+            return Finding(
+                "communication bound",
+                f"{int(n0)} -> {int(n1)} learners: env steps/s {r0:,.0f} -> {r1:,.0f} "
+                f"({r1 / r0 - 1:+.0%}, under +{min_gain:.0%})",
+                "the learners spend their time synchronising gradients, not computing",
+                "use NCCL over RDMA (InfiniBand/RoCE; check NCCL_IB_* and that NCCL, not gloo, "
+                "is the backend), use fewer learners, or a larger batch per learner so each "
+                "all-reduce carries more work",
+            )
     return None
 
 
@@ -82,10 +83,13 @@ def nonfinite_loss(ev: Evidence) -> Finding | None:
     seen = [f"trial {tid}: {int(n)} non-finite steps skipped" for tid, n in bad.items()]
     if not inf.empty:
         seen.append(f"{len(inf)} iterations with an infinite loss or gradient norm")
-    return Finding("non-finite loss", "; ".join(seen),
-                   "exploding gradients or too high a learning rate (or fp16 overflow)",
-                   "clip gradients at 1.0 (algo.grad_clip: 1.0), lower the lr (halve algo.lr), and with fp16 "
-                   "keep dynamic loss scaling or switch to precision.mode: bf16")
+    return Finding(
+        "non-finite loss",
+        "; ".join(seen),
+        "exploding gradients or too high a learning rate (or fp16 overflow)",
+        "clip gradients at 1.0 (algo.grad_clip: 1.0), lower the lr (halve algo.lr), and with fp16 "
+        "keep dynamic loss scaling or switch to precision.mode: bf16",
+    )
 
 
 def uneven_scheduling(ev: Evidence, max_swing: float = 0.20) -> Finding | None:
@@ -106,31 +110,42 @@ def uneven_scheduling(ev: Evidence, max_swing: float = 0.20) -> Finding | None:
             worst = (str(tid), swing)
     if worst is None:
         return None
-    return Finding("uneven scheduling",
-                   f"trial {worst[0]}: {col.replace('_util', '').upper()} utilisation swings by {worst[1]:.0%} "
-                   f"(10th to 90th percentile; limit {max_swing:.0%})",
-                   "trials or actors compete for the same devices, so work arrives unevenly",
-                   "give the scheduler fair-share weights and priorities (Volcano queues and priority classes for "
-                   "production vs sweeps: cluster_configs/kuberay/volcano-multitenant.yaml), run fewer "
-                   "concurrent trials (search.max_concurrent), or pin actors with custom resources")
+    return Finding(
+        "uneven scheduling",
+        f"trial {worst[0]}: {col.replace('_util', '').upper()} utilisation swings by {worst[1]:.0%} "
+        f"(10th to 90th percentile; limit {max_swing:.0%})",
+        "trials or actors compete for the same devices, so work arrives unevenly",
+        "give the scheduler fair-share weights and priorities (Volcano queues and priority classes for "
+        "production vs sweeps: cluster_configs/kuberay/volcano-multitenant.yaml), run fewer "
+        "concurrent trials (search.max_concurrent), or pin actors with custom resources",
+    )
 
 
 def slow_restores(ev: Evidence, max_recovery_s: float = 300.0) -> Finding | None:
     """Fault drills that failed or took longer than ``max_recovery_s`` to come back."""
     failed = [d.get("name", "?") for d in ev.drills if d.get("outcome") != "recovered"]
-    slow = [(d.get("name", "?"), float(d["recovery_s"])) for d in ev.drills
-            if d.get("outcome") == "recovered" and d.get("recovery_s") is not None
-            and float(d["recovery_s"]) >= max_recovery_s]
+    slow = [
+        (d.get("name", "?"), float(d["recovery_s"]))
+        for d in ev.drills
+        if d.get("outcome") == "recovered"
+        and d.get("recovery_s") is not None
+        and float(d["recovery_s"]) >= max_recovery_s
+    ]
     low_rate = ev.restore_rate is not None and ev.restore_rate < 1.0
     if not failed and not slow and not low_rate:
         return None
-    seen = ([f"failed: {', '.join(failed)}"] if failed else []) + \
-           [f"{name} took {s:.0f} s (limit {max_recovery_s:.0f} s)" for name, s in slow] + \
-           ([f"restore rate {ev.restore_rate:.0%}"] if low_rate else [])
-    return Finding("slow or failed checkpoint restores", "; ".join(seen),
-                   "checkpoints are written to and read back from slow remote storage, or are incomplete",
-                   "checkpoint to local SSD and sync to object storage asynchronously (Tune's storage_path on "
-                   "local disk plus a background sync to s3:// or gs://); keep checkpoint.keep >= 2")
+    seen = (
+        ([f"failed: {', '.join(failed)}"] if failed else [])
+        + [f"{name} took {s:.0f} s (limit {max_recovery_s:.0f} s)" for name, s in slow]
+        + ([f"restore rate {ev.restore_rate:.0%}"] if low_rate else [])
+    )
+    return Finding(
+        "slow or failed checkpoint restores",
+        "; ".join(seen),
+        "checkpoints are written to and read back from slow remote storage, or are incomplete",
+        "checkpoint to local SSD and sync to object storage asynchronously (Tune's storage_path on "
+        "local disk plus a background sync to s3:// or gs://); keep checkpoint.keep >= 2",
+    )
 
 
 def env_runner_bound(ev: Evidence) -> Finding | None:
@@ -144,12 +159,14 @@ def env_runner_bound(ev: Evidence) -> Finding | None:
         return None
     first, second = d.iloc[0], d.iloc[1]
     gain = second["gain"] if pd.notna(second["gain"]) else second["env_steps_per_s"] / first["env_steps_per_s"] - 1
-    return Finding("env runners are the bottleneck",
-                   f"the ladder stopped at its first rung: batch {int(first['batch_size'])} -> "
-                   f"{int(second['batch_size'])} gained {gain:+.0%} env steps/s",
-                   "sampling, not learning, limits throughput: the learner waits for env steps",
-                   "add env runners (resources.env_runners) or envs per runner (env.envs_per_runner) before "
-                   "growing the batch; then run the sweep again")
+    return Finding(
+        "env runners are the bottleneck",
+        f"the ladder stopped at its first rung: batch {int(first['batch_size'])} -> "
+        f"{int(second['batch_size'])} gained {gain:+.0%} env steps/s",
+        "sampling, not learning, limits throughput: the learner waits for env steps",
+        "add env runners (resources.env_runners) or envs per runner (env.envs_per_runner) before "
+        "growing the batch; then run the sweep again",
+    )
 
 
 Rule = Callable[[Evidence], "Finding | None"]
@@ -182,21 +199,27 @@ def evidence(run_dirs: Sequence[str]) -> Evidence:
 def render(findings: Sequence[Finding]) -> str:
     """Findings as a plain-text table (one block per finding)."""
     if not findings:
-        return (f"rayrl doctor: no problem found by the {len(RULES)} rules "
-                f"({'; '.join(name for name, _ in RULES)}).")
+        return f"rayrl doctor: no problem found by the {len(RULES)} rules ({'; '.join(name for name, _ in RULES)})."
     out = [f"rayrl doctor: {len(findings)} finding(s)"]
     for i, f in enumerate(findings, 1):
-        out += ["", f"{i}. {f.rule}", *textwrap.wrap(f"seen:  {f.symptom}", 100, subsequent_indent="       "),
-                *textwrap.wrap(f"cause: {f.cause}", 100, subsequent_indent="       "),
-                *textwrap.wrap(f"fix:   {f.fix}", 100, subsequent_indent="       ")]
+        out += [
+            "",
+            f"{i}. {f.rule}",
+            *textwrap.wrap(f"seen:  {f.symptom}", 100, subsequent_indent="       "),
+            *textwrap.wrap(f"cause: {f.cause}", 100, subsequent_indent="       "),
+            *textwrap.wrap(f"fix:   {f.fix}", 100, subsequent_indent="       "),
+        ]
     return "\n".join(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `rayrl doctor`; exit 2 with one paragraph on a missing or damaged folder."""
-    p = argparse.ArgumentParser(prog="rayrl doctor", description="Diagnose run folders: name likely causes "
-                                "and fixes (communication bound, non-finite loss, uneven scheduling, slow "
-                                "restores, env-runner bound). Give several folders to compare scale.")
+    p = argparse.ArgumentParser(
+        prog="rayrl doctor",
+        description="Diagnose run folders: name likely causes "
+        "and fixes (communication bound, non-finite loss, uneven scheduling, slow "
+        "restores, env-runner bound). Give several folders to compare scale.",
+    )
     p.add_argument("run_dirs", metavar="RUN_DIR", nargs="+", help="run folders ({storage}/{name})")
     args = p.parse_args(argv)
     try:
@@ -206,4 +229,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     print(render(findings))
     return 0
-

@@ -14,10 +14,22 @@ from typing import Any
 
 import pandas as pd
 
-from rayrl.observe import cost, keys
-from rayrl.judge.acceptance import (Check, Thresholds, check_cost, check_gpu_util, check_loss, check_memory, check_network,
-                              check_recovery, check_restore, check_return, check_stability, check_throughput)
+from rayrl.judge.acceptance import (
+    Check,
+    Thresholds,
+    check_cost,
+    check_gpu_util,
+    check_loss,
+    check_memory,
+    check_network,
+    check_recovery,
+    check_restore,
+    check_return,
+    check_stability,
+    check_throughput,
+)
 from rayrl.judge.folder import RunFolder, knee_batch, subject_history
+from rayrl.observe import cost, keys
 
 
 def after_warmup(history: pd.DataFrame, warmup_iters: int) -> pd.DataFrame:
@@ -46,9 +58,14 @@ def run_costs(run: RunFolder) -> dict[str, float]:
     res = run.resources
     usd = cost.run_cost(((res, float(w)) for w in per_trial["wall_s"]), run.prices)
     steps = float(per_trial["env_steps"].sum())
-    return {"usd": usd, "env_steps": steps, "usd_per_sample": cost.cost_per_sample(usd, steps),
-            "trial_hours": float(per_trial["wall_s"].sum()) / cost.SECONDS_PER_HOUR,
-            "gpus_per_trial": res.gpus, "cpus_per_trial": res.cpus}
+    return {
+        "usd": usd,
+        "env_steps": steps,
+        "usd_per_sample": cost.cost_per_sample(usd, steps),
+        "trial_hours": float(per_trial["wall_s"].sum()) / cost.SECONDS_PER_HOUR,
+        "gpus_per_trial": res.gpus,
+        "cpus_per_trial": res.cpus,
+    }
 
 
 def _ladder_rate(doubling: pd.DataFrame | None, batch: Any) -> float | None:
@@ -90,8 +107,11 @@ def evaluate(run: RunFolder, baseline: RunFolder | None = None, t: Thresholds | 
     t = t or run.sections["acceptance"]
     subject = subject_history(run)
     judged = after_warmup(subject, t.warmup_iters)
-    checks = [check_gpu_util(judged["gpu_util"], t), check_memory(judged["gpu_mem_util"], judged["mem_util"], t),
-              check_network(judged["net_util"], t)]
+    checks = [
+        check_gpu_util(judged["gpu_util"], t),
+        check_memory(judged["gpu_mem_util"], judged["mem_util"], t),
+        check_network(judged["net_util"], t),
+    ]
 
     batch = judged["batch_size"].mode().iloc[0] if judged["batch_size"].notna().any() else None
     if t.env_steps_per_s is not None:
@@ -99,9 +119,15 @@ def evaluate(run: RunFolder, baseline: RunFolder | None = None, t: Thresholds | 
     else:
         ladder = run.doubling if run.doubling is not None else baseline.doubling if baseline else None
         expected = _ladder_rate(ladder, batch)
-        source = f"ladder rung {batch}" if expected is not None else (
-            "no expected figure: set acceptance.env_steps_per_s in spec.yaml, or pass --baseline SWEEP_DIR"
-            if ladder is None else f"no expected figure: the ladder has no rung at batch {batch}")
+        source = (
+            f"ladder rung {batch}"
+            if expected is not None
+            else (
+                "no expected figure: set acceptance.env_steps_per_s in spec.yaml, or pass --baseline SWEEP_DIR"
+                if ladder is None
+                else f"no expected figure: the ladder has no rung at batch {batch}"
+            )
+        )
     rate = judged["env_steps_per_s"].median() if judged["env_steps_per_s"].notna().any() else None
     checks.append(check_throughput(rate, expected, source, t))
     losses = {str(tid): g["total_loss"].tolist() for tid, g in judged.groupby("trial_id")}
@@ -114,8 +140,15 @@ def evaluate(run: RunFolder, baseline: RunFolder | None = None, t: Thresholds | 
     checks.append(check_stability(subject[column], t))
 
     if baseline is None and run.kind == "train":
-        checks.append(check_cost(None, None, "no baseline: pass --baseline RUN_DIR (a sweep, whose first rung is "
-                                 "the baseline, or another train run)", t))
+        checks.append(
+            check_cost(
+                None,
+                None,
+                "no baseline: pass --baseline RUN_DIR (a sweep, whose first rung is "
+                "the baseline, or another train run)",
+                t,
+            )
+        )
     else:
         value, ours = config_cost(run, "subject", t.warmup_iters)
         base, theirs = config_cost(baseline or run, "baseline", t.warmup_iters)

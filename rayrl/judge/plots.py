@@ -11,8 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from rayrl.observe import keys
 from rayrl.judge.folder import RunFolder, best_trial_id, knee_batch, subject_history
+from rayrl.observe import keys
 
 
 def _axes(ax: Any = None, size: tuple[float, float] = (6.4, 4.0)) -> Any:
@@ -45,17 +45,24 @@ def plot_doubling(run: RunFolder, ax: Any = None) -> Any:
     """Env steps/s per rung; the bar each rung had to clear (previous x (1 + min_gain)); the knee."""
     ax = _axes(ax)
     d = run.doubling
-    if _no_data(ax, d, "no doubling ladder (not a sweep)"):
+    if d is None or _no_data(ax, d, "no doubling ladder (not a sweep)"):
         return ax
     g = min_gain(run)
     ax.plot(d["batch_size"], d["env_steps_per_s"], "o-", color="tab:blue", label="measured env steps/s")
     bars = d["env_steps_per_s"].shift(1) * (1 + g)
-    ax.plot(d["batch_size"], bars, "_", markersize=22, mew=2, color="tab:red",
-            label=f"needed to keep doubling (+{g:.0%})")
+    ax.plot(
+        d["batch_size"], bars, "_", markersize=22, mew=2, color="tab:red", label=f"needed to keep doubling (+{g:.0%})"
+    )
     for _, row in d.iterrows():
         gain = "" if pd.isna(row["gain"]) else f"{row['gain']:+.0%} "
-        ax.annotate(f"{gain}{row['decision']}", (row["batch_size"], row["env_steps_per_s"]),
-                    textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
+        ax.annotate(
+            f"{gain}{row['decision']}",
+            (row["batch_size"], row["env_steps_per_s"]),
+            textcoords="offset points",
+            xytext=(0, 8),
+            ha="center",
+            fontsize=8,
+        )
     knee = knee_batch(run)
     if knee is not None:
         ax.axvline(knee, color="tab:green", ls="--", label=f"knee {knee}")
@@ -70,10 +77,17 @@ def plot_doubling(run: RunFolder, ax: Any = None) -> Any:
 
 
 #: Readable names of history.csv's columns, with units, for legends and axes.
-LABELS = {"episode_return_mean": "episode return (mean of recent episodes)",
-          "env_steps_per_s": "env steps/s (end to end)", "learner_samples_per_s": "learner samples/s (epochs included)",
-          "total_loss": "total loss", "cpu_util": "CPU", "mem_util": "host memory", "gpu_util": "GPU",
-          "gpu_mem_util": "GPU memory", "net_util": "network (of link speed)"}
+LABELS = {
+    "episode_return_mean": "episode return (mean of recent episodes)",
+    "env_steps_per_s": "env steps/s (end to end)",
+    "learner_samples_per_s": "learner samples/s (epochs included)",
+    "total_loss": "total loss",
+    "cpu_util": "CPU",
+    "mem_util": "host memory",
+    "gpu_util": "GPU",
+    "gpu_mem_util": "GPU memory",
+    "net_util": "network (of link speed)",
+}
 #: Above this many trials a legend would hide the curves: only the best is named.
 MAX_NAMED_TRIALS = 12
 
@@ -84,9 +98,11 @@ def _target(ax: Any, target: float | None) -> None:
 
 
 def _trial_label(tid: Any, row: Any, best: bool) -> str:
-    """"ID: lr 3.0e-04, batch 4096 (best)"; the bare id where trials.csv lacks a readable lr or batch."""
-    lr, batch = (pd.to_numeric(pd.Series([row.get(k) if row is not None else None]), errors="coerce").iloc[0]
-                 for k in ("lr", "batch_size"))
+    """ "ID: lr 3.0e-04, batch 4096 (best)"; the bare id where trials.csv lacks a readable lr or batch."""
+    lr, batch = (
+        pd.to_numeric(pd.Series([row.get(k) if row is not None else None]), errors="coerce").iloc[0]
+        for k in ("lr", "batch_size")
+    )
     text = f"{tid}: lr {lr:.1e}, batch {batch:.0f}" if pd.notna(lr) and pd.notna(batch) else str(tid)
     return text + (" (best)" if best else "")
 
@@ -110,11 +126,18 @@ def plot_trial_curves(run: RunFolder, ax: Any = None, phase: str = "search") -> 
         if isinstance(row, pd.DataFrame):  # a trial id listed twice: its last row
             row = row.iloc[-1]
         label = _trial_label(tid, row, is_best) if named or is_best else None
-        line, = ax.plot(g["env_steps"], g["episode_return_mean"], lw=2.5 if is_best else 1,
-                        alpha=1 if is_best else 0.7, label=label, zorder=3 if is_best else 2)
+        (line,) = ax.plot(
+            g["env_steps"],
+            g["episode_return_mean"],
+            lw=2.5 if is_best else 1,
+            alpha=1 if is_best else 0.7,
+            label=label,
+            zorder=3 if is_best else 2,
+        )
         if row is not None and str(row.get("status")) == "stopped_early" and not g.empty:
-            ax.plot(g["env_steps"].iloc[-1:], g["episode_return_mean"].iloc[-1:], "x", color=line.get_color(),
-                    ms=8, mew=2)
+            ax.plot(
+                g["env_steps"].iloc[-1:], g["episode_return_mean"].iloc[-1:], "x", color=line.get_color(), ms=8, mew=2
+            )
             stopped = True
     if stopped:  # one neutral legend entry for every trial's x
         ax.plot([], [], "x", color="black", ms=8, mew=2, label="stopped early (scheduler)")
@@ -134,19 +157,35 @@ def plot_lr_return(run: RunFolder, ax: Any = None) -> Any:
 
     ax = _axes(ax)
     t = run.trials
-    if _no_data(ax, t, "no phase-2 trials"):
+    if t is None or _no_data(ax, t, "no search trials"):
         return ax
     for batch, g in t.groupby("batch_size"):
         ax.scatter(g["lr"], g["episode_return_mean"], marker="o", s=36, zorder=3, label=f"batch {int(batch)}")
     stopped = t[t["status"] == "stopped_early"]
     if not stopped.empty:  # their return is from the point the scheduler stopped them, not an end result
-        ax.scatter(stopped["lr"], stopped["episode_return_mean"], marker="x", s=60, color="black", lw=1,
-                   zorder=4, label="stopped early (return when stopped)")
+        ax.scatter(
+            stopped["lr"],
+            stopped["episode_return_mean"],
+            marker="x",
+            s=60,
+            color="black",
+            lw=1,
+            zorder=4,
+            label="stopped early (return when stopped)",
+        )
     best = best_trial_id(run)
     top = t[t["trial_id"].astype(str) == best]
     if not top.empty:
-        ax.scatter(top["lr"], top["episode_return_mean"], s=220, facecolors="none", edgecolors="tab:red", lw=1.5,
-                   zorder=5, label=f"best {best}")
+        ax.scatter(
+            top["lr"],
+            top["episode_return_mean"],
+            s=220,
+            facecolors="none",
+            edgecolors="tab:red",
+            lw=1.5,
+            zorder=5,
+            label=f"best {best}",
+        )
     _target(ax, run.target_return)
     search = run.sections["search"]
     ax.set_xscale("log")
@@ -167,7 +206,7 @@ def plot_confirm(run: RunFolder, ax: Any = None) -> Any:
     with the candidate's median (bar) and 95% bootstrap interval; the shipped candidate in green."""
     ax = _axes(ax)
     c, runs = run.summary.get("confirm"), run.confirm
-    if _no_data(ax, runs, "no confirmation (search.confirm_top_k: 0)") or not c:
+    if runs is None or _no_data(ax, runs, "no confirmation (search.confirm_top_k: 0)") or not c:
         return ax
     objective = c["objective"]
     finite = runs.loc[runs["reached"], objective]
@@ -177,16 +216,22 @@ def plot_confirm(run: RunFolder, ax: Any = None) -> Any:
         rows = runs[runs["candidate"] == k["candidate"]]
         colour = "tab:green" if k["candidate"] == c["chosen"] else "tab:blue"
         hit = rows[rows["reached"]]
-        ax.scatter([i] * len(hit), hit[objective], color=colour, zorder=3,
-                   label="run at target" if i == 0 else None)
-        ax.scatter([i] * (len(rows) - len(hit)), [top] * (len(rows) - len(hit)), marker="x", color="tab:red",
-                   zorder=3, label="run missed target" if i == 0 else None)
+        ax.scatter([i] * len(hit), hit[objective], color=colour, zorder=3, label="run at target" if i == 0 else None)
+        ax.scatter(
+            [i] * (len(rows) - len(hit)),
+            [top] * (len(rows) - len(hit)),
+            marker="x",
+            color="tab:red",
+            zorder=3,
+            label="run missed target" if i == 0 else None,
+        )
         if k["median"] is not None:
             lo, hi = k["ci_low"], top if k["ci_high"] is None else k["ci_high"]  # null: a run missed the target
             ax.hlines(k["median"], i - 0.25, i + 0.25, color=colour, lw=2, label="median" if i == 0 else None)
             ax.vlines(i + 0.3, lo, hi, color="grey", lw=1, label="95% interval" if i == 0 else None)
-        labels.append(f"batch {k['batch_size']}\nlr {k['lr']:.2g}" + ("\n(shipped)" if k["candidate"] ==
-                                                                        c["chosen"] else ""))
+        labels.append(
+            f"batch {k['batch_size']}\nlr {k['lr']:.2g}" + ("\n(shipped)" if k["candidate"] == c["chosen"] else "")
+        )
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylim(bottom=0, top=top * 1.08)
     unit = {"usd": "USD", "wall_s": "wall s", "env_steps": "env steps"}.get(objective, objective)
@@ -203,11 +248,12 @@ def plot_training(history: pd.DataFrame, title: str = "Training", target: float 
     fig = Figure(figsize=(11, 7), layout="constrained")
     axes = fig.subplots(2, 2)
     fig.suptitle(title)
-    panels = [(axes[0, 0], ["episode_return_mean"], "episode return"),
-              (axes[0, 1], ["env_steps_per_s", "learner_samples_per_s"], "samples / s"),
-              (axes[1, 0], ["total_loss"], "total loss (RLlib learner, per iteration)"),
-              (axes[1, 1], ["cpu_util", "mem_util", "gpu_util", "gpu_mem_util", "net_util"],
-               "utilisation (fraction, 0..1)")]
+    panels = [
+        (axes[0, 0], ["episode_return_mean"], "episode return"),
+        (axes[0, 1], ["env_steps_per_s", "learner_samples_per_s"], "samples / s"),
+        (axes[1, 0], ["total_loss"], "total loss (RLlib learner, per iteration)"),
+        (axes[1, 1], ["cpu_util", "mem_util", "gpu_util", "gpu_mem_util", "net_util"], "utilisation (fraction, 0..1)"),
+    ]
     many = history["trial_id"].nunique() > 1
     for ax, cols, ylabel in panels:
         for tid, g in history.groupby("trial_id"):
@@ -218,8 +264,15 @@ def plot_training(history: pd.DataFrame, title: str = "Training", target: float 
                     ax.plot(v[keys.TIME_TOTAL], v[col], ".-", label=f"{LABELS[col]} {tid}" if many else LABELS[col])
         missing = [LABELS[c] for c in cols if not history[c].notna().any()]
         if missing and len(cols) > 1:  # say what is absent rather than leave a reader looking for it
-            ax.text(0.01, 0.01, "not measured: " + ", ".join(missing), transform=ax.transAxes, fontsize=7,
-                    color="tab:gray", va="bottom")
+            ax.text(
+                0.01,
+                0.01,
+                "not measured: " + ", ".join(missing),
+                transform=ax.transAxes,
+                fontsize=7,
+                color="tab:gray",
+                va="bottom",
+            )
         if cols[0] == "episode_return_mean":
             _target(ax, target)
         ax.set_xlabel("trial time (s)")

@@ -14,22 +14,21 @@ import math
 import numbers
 import sys
 import textwrap
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import pandas as pd
 
-from rayrl.observe import cost, keys
+from rayrl.errors import EXIT_USAGE
 from rayrl.judge import security
 from rayrl.judge.acceptance import FAIL, PARTS, Check, part_verdicts
 from rayrl.judge.evaluation import evaluate, ladder_costs, run_costs
-from rayrl.judge.plots import figures
 from rayrl.judge.folder import RunFolder, RunFolderError, load, subject_history
+from rayrl.judge.plots import figures
+from rayrl.observe import cost, keys
 from rayrl.storage.files import write_local
 from rayrl.storage.mirror import publish
-from rayrl.errors import EXIT_USAGE
-
-
 
 # ---------------------------------------------------------------------------------------------
 # report.md
@@ -53,50 +52,103 @@ def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseli
     s = run.summary
     parts = part_verdicts(checks)
     out = [f"# rayrl report: {run.name}", "", "## Summary", ""]
-    rows = [("kind", run.kind), ("env", (run.spec.get("env") or {}).get("id", "-")),
-            ("algorithm", (run.spec.get("algo") or {}).get("name", "-"))]
+    rows = [
+        ("kind", run.kind),
+        ("env", (run.spec.get("env") or {}).get("id", "-")),
+        ("algorithm", (run.spec.get("algo") or {}).get("name", "-")),
+    ]
     if run.kind == "sweep":
         best = s.get("best") or {}
-        rows += [("knee batch size", _fmt(s.get("knee_batch_size"), "d")),
-                 ("best", f"batch {_fmt(best.get('batch_size'), 'd')}, lr {_fmt(best.get('lr'), '.3g')}, return "
-                          f"{_fmt(best.get('episode_return_mean'), '.1f')} after "
-                          f"{_fmt(best.get('env_steps'), ',.0f')} env steps"),
-                 ("trials", _fmt(s.get("trials"))), ("stopped early", _fmt(s.get("stopped_early")))]
+        rows += [
+            ("knee batch size", _fmt(s.get("knee_batch_size"), "d")),
+            (
+                "best",
+                f"batch {_fmt(best.get('batch_size'), 'd')}, lr {_fmt(best.get('lr'), '.3g')}, return "
+                f"{_fmt(best.get('episode_return_mean'), '.1f')} after "
+                f"{_fmt(best.get('env_steps'), ',.0f')} env steps",
+            ),
+            ("trials", _fmt(s.get("trials"))),
+            ("stopped early", _fmt(s.get("stopped_early"))),
+        ]
         if best.get("confirmed"):
             lo, hi = best.get("ci95_cost") or (None, None)
-            rows.append(("confirmed on fresh seeds", f"median {best.get('objective')} to target "
-                         f"{_fmt(best.get('median_cost'))} (95% interval {_fmt(lo)} .. {_fmt(hi)}, IQM "
-                         f"{_fmt(best.get('iqm_cost'))}); {best.get('seeds_at_target')} seeds reached it; median "
-                         "return and env steps above"))
-    rows.append(("return judged by", f"{run.judged_by} (history.csv {run.return_column}: best trial, stop "
-                                     "criterion, reward part)"))
-    rows += [("env steps", _fmt(s.get("env_steps_total", s.get("env_steps")), ",.0f")),
-             ("wall time (s)", _fmt(s.get("wall_s"), ",.0f"))]
+            rows.append(
+                (
+                    "confirmed on fresh seeds",
+                    f"median {best.get('objective')} to target "
+                    f"{_fmt(best.get('median_cost'))} (95% interval {_fmt(lo)} .. {_fmt(hi)}, IQM "
+                    f"{_fmt(best.get('iqm_cost'))}); {best.get('seeds_at_target')} seeds reached it; median "
+                    "return and env steps above",
+                )
+            )
+    rows.append(
+        (
+            "return judged by",
+            f"{run.judged_by} (history.csv {run.return_column}: best trial, stop criterion, reward part)",
+        )
+    )
+    rows += [
+        ("env steps", _fmt(s.get("env_steps_total", s.get("env_steps")), ",.0f")),
+        ("wall time (s)", _fmt(s.get("wall_s"), ",.0f")),
+    ]
     if baseline is not None:
         rows.append(("baseline", str(baseline.path)))
     out += [_table(rows, ("", "")), ""]
     out += [f"- note: {n}" for n in run.notes] + ([""] if run.notes else [])
 
-    out += ["## Acceptance", "", _table([(p, parts[p]) for p in PARTS], ("part", "verdict")), "",
-            _table([(c.part, c.name, c.threshold, c.measured, c.verdict) for c in checks],
-                   ("part", "check", "threshold", "measured", "verdict")), ""]
+    out += [
+        "## Acceptance",
+        "",
+        _table([(p, parts[p]) for p in PARTS], ("part", "verdict")),
+        "",
+        _table(
+            [(c.part, c.name, c.threshold, c.measured, c.verdict) for c in checks],
+            ("part", "check", "threshold", "measured", "verdict"),
+        ),
+        "",
+    ]
 
     rc = run_costs(run)
     p = run.prices
-    out += ["## Cost", "",
-            f"Prices: ${p.gpu_hour_usd:g}/GPU-hour, ${p.cpu_hour_usd:g}/CPU-hour, spot discount "
-            f"{p.spot_discount:.0%}; each trial holds {rc['gpus_per_trial']:g} GPU and {rc['cpus_per_trial']:g} CPU.",
-            "", _table([("trial-hours", _fmt(rc["trial_hours"], ".3f")), ("run cost (USD)", _fmt(rc["usd"], ",.4f")),
-                        ("env steps trained", _fmt(rc["env_steps"], ",.0f")),
-                        ("USD per million samples", _fmt(cost.per_million(rc["usd_per_sample"])))], ("", "")), ""]
+    out += [
+        "## Cost",
+        "",
+        f"Prices: ${p.gpu_hour_usd:g}/GPU-hour, ${p.cpu_hour_usd:g}/CPU-hour, spot discount "
+        f"{p.spot_discount:.0%}; each trial holds {rc['gpus_per_trial']:g} GPU and {rc['cpus_per_trial']:g} CPU.",
+        "",
+        _table(
+            [
+                ("trial-hours", _fmt(rc["trial_hours"], ".3f")),
+                ("run cost (USD)", _fmt(rc["usd"], ",.4f")),
+                ("env steps trained", _fmt(rc["env_steps"], ",.0f")),
+                ("USD per million samples", _fmt(cost.per_million(rc["usd_per_sample"]))),
+            ],
+            ("", ""),
+        ),
+        "",
+    ]
     ladder = ladder_costs(run)
     out += ["## Throughput ladder", ""]
     if ladder is None:
         out += ["Not applicable: a train run has no doubling ladder (run a sweep for one).", ""]
     else:
-        out += [_table([(int(r.batch_size), _fmt(r.env_steps_per_s, ",.0f"), _fmt(r.gain, "+.1%"), r.decision,
-                         _fmt(r.usd_per_m_samples), _fmt(r.change_vs_first, "+.1%")) for r in ladder.itertuples()],
-                       ("batch", "env steps/s", "gain", "decision", "USD / M samples", "vs first rung")), ""]
+        out += [
+            _table(
+                [
+                    (
+                        int(r.batch_size),
+                        _fmt(r.env_steps_per_s, ",.0f"),
+                        _fmt(r.gain, "+.1%"),
+                        r.decision,
+                        _fmt(r.usd_per_m_samples),
+                        _fmt(r.change_vs_first, "+.1%"),
+                    )
+                    for r in ladder.itertuples()
+                ],
+                ("batch", "env steps/s", "gain", "decision", "USD / M samples", "vs first rung"),
+            ),
+            "",
+        ]
     out += ["## Trials", ""]
     if run.trials is None:
         out += ["Not applicable: a train run is one trial (see Training).", ""]
@@ -104,9 +156,23 @@ def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseli
         out += ["No phase-2 trial reported.", ""]
     else:
         t = run.trials.sort_values("episode_return_mean", ascending=False)
-        out += [_table([(r.trial_id, int(r.batch_size), _fmt(r.lr, ".3g"), _fmt(r.env_steps, ",.0f"),
-                         _fmt(r.episode_return_mean, ".1f"), r.status) for r in t.itertuples()],
-                       ("trial", "batch", "lr", "env steps", "return", "status")), ""]
+        out += [
+            _table(
+                [
+                    (
+                        r.trial_id,
+                        int(r.batch_size),
+                        _fmt(r.lr, ".3g"),
+                        _fmt(r.env_steps, ",.0f"),
+                        _fmt(r.episode_return_mean, ".1f"),
+                        r.status,
+                    )
+                    for r in t.itertuples()
+                ],
+                ("trial", "batch", "lr", "env steps", "return", "status"),
+            ),
+            "",
+        ]
     out += confirmation_section(run)
     subject = subject_history(run)
     out += ["## Training", ""]
@@ -114,26 +180,50 @@ def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseli
         out += ["No iterations of the judged trial in history.csv.", ""]
     else:
         last = subject.iloc[-1]
-        out += [_table([("trial", last["trial_id"]), ("iterations", _fmt(last[keys.ITERATION], ",.0f")),
-                        ("env steps", _fmt(last["env_steps"], ",.0f")),
-                        ("median env steps/s", _fmt(subject["env_steps_per_s"].median(), ",.0f")),
-                        ("final return", _fmt(last["episode_return_mean"], ".1f")),
-                        ("non-finite steps", _fmt(subject["nonfinite_steps"].max(), ",.0f")),
-                        ("precision / backend", f"{last['precision']} / {last['backend']}")], ("", "")), ""]
+        out += [
+            _table(
+                [
+                    ("trial", last["trial_id"]),
+                    ("iterations", _fmt(last[keys.ITERATION], ",.0f")),
+                    ("env steps", _fmt(last["env_steps"], ",.0f")),
+                    ("median env steps/s", _fmt(subject["env_steps_per_s"].median(), ",.0f")),
+                    ("final return", _fmt(last["episode_return_mean"], ".1f")),
+                    ("non-finite steps", _fmt(subject["nonfinite_steps"].max(), ",.0f")),
+                    ("precision / backend", f"{last['precision']} / {last['backend']}"),
+                ],
+                ("", ""),
+            ),
+            "",
+        ]
     out += ["## Fault tolerance", ""]
     if run.drill is None:
         out += ["No drill.json: run `rayrl drill RUN_DIR` to measure recovery and checkpoint restores.", ""]
     else:
-        out += [_table([(d.get("name"), _fmt(d.get("recovery_s"), ".1f"), d.get("outcome"))
-                        for d in run.drill.get("drills") or []], ("drill", "recovery (s)", "outcome")), ""]
+        out += [
+            _table(
+                [
+                    (d.get("name"), _fmt(d.get("recovery_s"), ".1f"), d.get("outcome"))
+                    for d in run.drill.get("drills") or []
+                ],
+                ("drill", "recovery (s)", "outcome"),
+            ),
+            "",
+        ]
     from rayrl.policy.play import report_lines
 
     out += ["## Policy", ""] + report_lines(run.path)
     sec = security.checks(run.posture)
-    out += ["## Security", "", f"Verdict: {security.verdict(sec)} (not an acceptance part: the exposure of the "
-            "Ray this run joined, as recorded at its start in posture.json; see docs/security.md).", "",
-            _table([(c.name, c.threshold, c.measured, c.verdict) for c in sec],
-                   ("check", "threshold", "measured", "verdict")), ""]
+    out += [
+        "## Security",
+        "",
+        f"Verdict: {security.verdict(sec)} (not an acceptance part: the exposure of the "
+        "Ray this run joined, as recorded at its start in posture.json; see docs/security.md).",
+        "",
+        _table(
+            [(c.name, c.threshold, c.measured, c.verdict) for c in sec], ("check", "threshold", "measured", "verdict")
+        ),
+        "",
+    ]
     out += ["## Plots", ""] + [f"![{Path(name).stem}](plots/{name})" for name in plots] + [""]
     return "\n".join(out)
 
@@ -145,28 +235,68 @@ def confirmation_section(run: RunFolder) -> list[str]:
     c = run.summary.get("confirm")
     out = ["## Confirmation on fresh seeds", ""]
     if not c or run.confirm is None:
-        return out + ["Not run (search.confirm_top_k: 0, or no usable phase-2 trial): best_config.yaml is phase "
-                      "2's single best run, on one seed.", ""]
+        return out + [
+            "Not run (search.confirm_top_k: 0, or no usable phase-2 trial): best_config.yaml is phase "
+            "2's single best run, on one seed.",
+            "",
+        ]
     unit = {"usd": "USD", "wall_s": "wall s", "env_steps": "env steps"}.get(c.get("objective"), c.get("objective"))
-    out += [f"Phase 2's top {len(c['candidates'])} configs, each re-run on seeds {c['seeds']} (never used in "
-            f"phase 1 or 2) for up to {_fmt(c.get('env_steps_budget'), ',.0f')} env steps. The shipped config "
-            f"has the lowest median {unit} to return {_fmt(c.get('target_return'), 'g')}; a run that did not "
-            "reach it counts as infinite (shown as -). Interval: 95% percentile bootstrap of the median. "
-            "\"race\": the race stopped the run once its cost passed the best median so far (search.confirm_race): "
-            "it could no longer change the choice, and counts as a miss, so a winner's IQM and interval are "
-            "upper-censored.", "",
-            _table([("**" + str(k["candidate"]) + "**" if k["candidate"] == c["chosen"] else k["candidate"],
-                     k["phase2_trial_id"], k["batch_size"], _fmt(k["lr"], ".3g"), f"{k['reached']}/{k['runs']}",
-                     _fmt(k["median"]), _fmt(k["iqm"]), f"{_fmt(k['ci_low'])} .. {_fmt(k['ci_high'])}",
-                     _fmt(k["median_return"], ".1f")) for k in c["candidates"]],
-                   ("candidate", "phase-2 trial", "batch", "lr", "at target", f"median {unit}", f"IQM {unit}",
-                    "95% interval", "median return")), "",
-            _table([(int(r.candidate), int(r.seed), r.trial_id, _fmt(r.env_steps, ",.0f"), _fmt(r.wall_s, ".1f"),
-                     _fmt(r.usd, ".4g"), _fmt(r.episode_return_mean, ".1f"), "yes" if r.reached else "no",
-                     _stopped(getattr(r, "stopped", None)))
-                    for r in run.confirm.sort_values(["candidate", "seed"]).itertuples()],
-                   ("candidate", "seed", "trial", "env steps", "wall s", "USD", "return", "at target", "stopped")),
-            ""]
+    out += [
+        f"Phase 2's top {len(c['candidates'])} configs, each re-run on seeds {c['seeds']} (never used in "
+        f"phase 1 or 2) for up to {_fmt(c.get('env_steps_budget'), ',.0f')} env steps. The shipped config "
+        f"has the lowest median {unit} to return {_fmt(c.get('target_return'), 'g')}; a run that did not "
+        "reach it counts as infinite (shown as -). Interval: 95% percentile bootstrap of the median. "
+        '"race": the race stopped the run once its cost passed the best median so far (search.confirm_race): '
+        "it could no longer change the choice, and counts as a miss, so a winner's IQM and interval are "
+        "upper-censored.",
+        "",
+        _table(
+            [
+                (
+                    "**" + str(k["candidate"]) + "**" if k["candidate"] == c["chosen"] else k["candidate"],
+                    k["phase2_trial_id"],
+                    k["batch_size"],
+                    _fmt(k["lr"], ".3g"),
+                    f"{k['reached']}/{k['runs']}",
+                    _fmt(k["median"]),
+                    _fmt(k["iqm"]),
+                    f"{_fmt(k['ci_low'])} .. {_fmt(k['ci_high'])}",
+                    _fmt(k["median_return"], ".1f"),
+                )
+                for k in c["candidates"]
+            ],
+            (
+                "candidate",
+                "phase-2 trial",
+                "batch",
+                "lr",
+                "at target",
+                f"median {unit}",
+                f"IQM {unit}",
+                "95% interval",
+                "median return",
+            ),
+        ),
+        "",
+        _table(
+            [
+                (
+                    int(r.candidate),
+                    int(r.seed),
+                    r.trial_id,
+                    _fmt(r.env_steps, ",.0f"),
+                    _fmt(r.wall_s, ".1f"),
+                    _fmt(r.usd, ".4g"),
+                    _fmt(r.episode_return_mean, ".1f"),
+                    "yes" if r.reached else "no",
+                    _stopped(getattr(r, "stopped", None)),
+                )
+                for r in run.confirm.sort_values(["candidate", "seed"]).itertuples()
+            ],
+            ("candidate", "seed", "trial", "env steps", "wall s", "USD", "return", "at target", "stopped"),
+        ),
+        "",
+    ]
     return out
 
 
@@ -183,12 +313,19 @@ def _stopped(reason: object) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The arguments of `rayrl report` (`rayrl report --help` prints this parser's help)."""
-    p = argparse.ArgumentParser(prog="rayrl report", description="Write report.md and plots/*.png for a run "
-                                "folder: the five-part acceptance table (hardware, training, reward, cost, "
-                                "fault tolerance) with PASS / FAIL / N/A and the measured values.")
+    p = argparse.ArgumentParser(
+        prog="rayrl report",
+        description="Write report.md and plots/*.png for a run "
+        "folder: the five-part acceptance table (hardware, training, reward, cost, "
+        "fault tolerance) with PASS / FAIL / N/A and the measured values.",
+    )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder: {storage}/{name} of a sweep or `rayrl train`")
-    p.add_argument("--baseline", metavar="RUN_DIR", default=None,
-                   help="compare cost per effective sample against this run (default: the ladder's first rung)")
+    p.add_argument(
+        "--baseline",
+        metavar="RUN_DIR",
+        default=None,
+        help="compare cost per effective sample against this run (default: the ladder's first rung)",
+    )
     p.add_argument("--out", metavar="DIR", default=None, help="where report.md and plots/ go (default: RUN_DIR)")
     p.add_argument("--strict", action="store_true", help="exit 1 when any check fails")
     return p

@@ -13,8 +13,9 @@ every sampled env step is trained on, so rayrl counts the env steps sampled (lif
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from rayrl.spec import CostSpec, build_section
 
@@ -60,8 +61,7 @@ def cost_per_sample(cost_usd: float, effective_samples: float) -> float:
     return cost_usd / effective_samples
 
 
-def cost_per_sample_at(resources: TrialResources, env_steps_per_s: float,
-                       prices: CostSpec = CostSpec()) -> float:
+def cost_per_sample_at(resources: TrialResources, env_steps_per_s: float, prices: CostSpec = CostSpec()) -> float:
     """USD per effective sample for a trial running at ``env_steps_per_s`` (a ladder rung)."""
     if not env_steps_per_s or env_steps_per_s <= 0 or not math.isfinite(env_steps_per_s):
         return math.nan

@@ -1,4 +1,5 @@
-"""Hardware sampling (CPU, memory, NVML GPUs, NICs), where the work runs: inside each Learner actor and on each EnvRunner's node.
+"""Hardware sampling (CPU, memory, NVML GPUs, NICs), where the work runs: inside each Learner actor and
+on each EnvRunner's node.
 
 The trial's own process holds no GPU when ``learners >= 1`` (Ray gives the GPUs to the Learner
 actors), so its NVML reading says nothing about the learners. Here each remote Learner and
@@ -16,8 +17,8 @@ import math
 import os
 import socket
 import time
-from typing import Any, Callable, Mapping, Sequence
-
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 HARDWARE_FIELDS = ("cpu_util", "mem_util", "gpu_util", "gpu_mem_util", "net_util")
 
@@ -29,10 +30,17 @@ class HardwareSampler:
     first interval starts when the sampler is made. ``nvml`` and ``psutil_module`` are for tests.
     """
 
-    def __init__(self, nvml: Any = None, psutil_module: Any = None, gpu_indices: list[int] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        nvml: Any = None,
+        psutil_module: Any = None,
+        gpu_indices: list[int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if psutil_module is None:
-            import psutil as psutil_module
+            import psutil
+
+            psutil_module = psutil
         self._ps = psutil_module
         self._clock = clock
         self._nvml = nvml
@@ -88,8 +96,15 @@ class HardwareSampler:
         if dt < 0.05:  # too short an interval for an honest rate (e.g. the first sample)
             return math.nan
         for nic, st in stats.items():
-            if nic not in nics or nic not in last or not st.isup or not st.speed or nic == "lo" or \
-                    "loopback" in str(getattr(st, "flags", "")) or dt <= 0:
+            if (
+                nic not in nics
+                or nic not in last
+                or not st.isup
+                or not st.speed
+                or nic == "lo"
+                or "loopback" in str(getattr(st, "flags", ""))
+                or dt <= 0
+            ):
                 continue
             # Full duplex: each direction has the link speed (Mbit/s); judge the busier one.
             rate = max(nics[nic][0] - last[nic][0], nics[nic][1] - last[nic][1]) / dt
@@ -125,8 +140,9 @@ class HardwareSampler:
             self._nvml = pynvml
         try:
             self._nvml.nvmlInit()
-            indices = self._gpu_indices if self._gpu_indices is not None else visible_gpus(
-                self._nvml.nvmlDeviceGetCount())
+            indices = (
+                self._gpu_indices if self._gpu_indices is not None else visible_gpus(self._nvml.nvmlDeviceGetCount())
+            )
             return [self._nvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
         except Exception:  # noqa: BLE001 - no driver, no GPU
             return []
@@ -171,8 +187,9 @@ def collect(algorithm: Any) -> tuple[list[dict], list[dict]]:
     runner_group = getattr(algorithm, "env_runner_group", None)
     if runner_group is not None and runner_group.num_remote_env_runners() > 0:
         try:
-            runners = list(runner_group.foreach_env_runner(sample_here, local_env_runner=False,
-                                                           timeout_seconds=TIMEOUT_S))
+            runners = list(
+                runner_group.foreach_env_runner(sample_here, local_env_runner=False, timeout_seconds=TIMEOUT_S)
+            )
         except Exception:  # noqa: BLE001
             runners = []
     return learners, runners

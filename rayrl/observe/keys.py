@@ -8,32 +8,32 @@ from __future__ import annotations
 
 from typing import Any
 
-ENV_STEPS = "num_env_steps_sampled_lifetime"          #: env steps sampled since the run began
-EPISODE_RETURN = "env_runners/episode_return_mean"     #: RLlib's: mean return of recent episodes; absent
-                                                       #: until the first episode finishes
+ENV_STEPS = "num_env_steps_sampled_lifetime"  #: env steps sampled since the run began
+EPISODE_RETURN = "env_runners/episode_return_mean"  #: RLlib's: mean return of recent episodes; absent
+#: until the first episode finishes
 EVAL_EPISODE_RETURN = "evaluation/env_runners/episode_return_mean"  #: RLlib's, on evaluation iterations only
 
 # Returns as rayrl reports them: present in every result (see rayrl.rllib.callback.RayrlCallback), so an iteration
 # without a finished episode is normal for the scheduler, searcher, stoppers, progress line and history.
-TRAIN_RETURN = "rayrl/train_return"                    #: training return, last known; NaN before any episode
-EVAL_RETURN = "rayrl/eval_return"                      #: evaluation return, last known; NaN before any evaluation
+TRAIN_RETURN = "rayrl/train_return"  #: training return, last known; NaN before any episode
+EVAL_RETURN = "rayrl/eval_return"  #: evaluation return, last known; NaN before any evaluation
 ITERATION = "training_iteration"
 TIME_TOTAL = "time_total_s"
 
-ENV_STEPS_PER_S = "rayrl/env_steps_per_s"              #: end-to-end (sample + learn) this iteration
+ENV_STEPS_PER_S = "rayrl/env_steps_per_s"  #: end-to-end (sample + learn) this iteration
 ENV_STEPS_THIS_ITER = "rayrl/env_steps_this_iter"
-BACKEND = "rayrl/backend"                              #: torch.distributed backend: none, gloo, nccl
+BACKEND = "rayrl/backend"  #: torch.distributed backend: none, gloo, nccl
 NUM_LEARNERS = "rayrl/num_learners"
-GLOBAL_BATCH = "rayrl/global_batch"                    #: per-learner batch x learners
-EFFECTIVE_MINIBATCH = "rayrl/effective_minibatch"      #: minibatch x accumulation steps
+GLOBAL_BATCH = "rayrl/global_batch"  #: per-learner batch x learners
+EFFECTIVE_MINIBATCH = "rayrl/effective_minibatch"  #: minibatch x accumulation steps
 EFFECTIVE_LR = "rayrl/effective_lr"
 PRECISION = "rayrl/precision"
-NONFINITE_STEPS = "rayrl/nonfinite_steps"             #: skipped non-finite steps, lifetime
-LOSS_SCALE = "rayrl/loss_scale"                        #: fp16 dynamic loss scale (NaN otherwise)
-GRAD_NORM = "rayrl/grad_norm"                          #: pre-clip global gradient norm
+NONFINITE_STEPS = "rayrl/nonfinite_steps"  #: skipped non-finite steps, lifetime
+LOSS_SCALE = "rayrl/loss_scale"  #: fp16 dynamic loss scale (NaN otherwise)
+GRAD_NORM = "rayrl/grad_norm"  #: pre-clip global gradient norm
 TOTAL_LOSS = "rayrl/total_loss"
-HUNG_RUNNER_RESTARTS = "rayrl/hung_runner_restarts"    #: EnvRunners the watchdog restarted (this process)
-CHECKPOINT_STALL_S = "rayrl/checkpoint_stall_s"        #: training time the last checkpoint took
+HUNG_RUNNER_RESTARTS = "rayrl/hung_runner_restarts"  #: EnvRunners the watchdog restarted (this process)
+CHECKPOINT_STALL_S = "rayrl/checkpoint_stall_s"  #: training time the last checkpoint took
 CHECKPOINT_UPLOAD_FAILURES = "rayrl/checkpoint_upload_failures"  #: failed upload attempts (retried)
 
 
@@ -52,6 +52,7 @@ def lookup(result: dict, key: str, default: Any = None) -> Any:
             return default
         node = node[part]
     return node
+
 
 # Hardware, sampled on the trial's node each iteration (fractions 0..1; NaN where unknown).
 CPU_UTIL = "rayrl/cpu_util"

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
-import time
+from collections.abc import Callable, Mapping
 from pathlib import PurePosixPath
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from rayrl.observe import cost, hardware, keys
 from rayrl.observe.hardware import HardwareSampler
@@ -27,8 +26,11 @@ COST_PER_M_SAMPLES = "rayrl/cost_per_million_samples"  #: USD per million env st
 #: (Prometheus name without Ray's ``ray_`` prefix, result key, description)
 GAUGES: tuple[tuple[str, str, str], ...] = (
     ("rayrl_env_steps_per_s", keys.ENV_STEPS_PER_S, "End-to-end env steps per second (sampling + learning)"),
-    ("rayrl_learner_samples_per_s", keys.LEARNER_SAMPLES_PER_S, "Samples the learners trained on per second, "
-     "epochs included"),
+    (
+        "rayrl_learner_samples_per_s",
+        keys.LEARNER_SAMPLES_PER_S,
+        "Samples the learners trained on per second, epochs included",
+    ),
     ("rayrl_batch_size", keys.GLOBAL_BATCH, "Global train batch: per-learner batch x learners, env steps"),
     ("rayrl_episode_return", keys.EPISODE_RETURN, "Mean return of recent episodes"),
     ("rayrl_nonfinite_steps", keys.NONFINITE_STEPS, "Non-finite (NaN/Inf) learner steps skipped, lifetime"),
@@ -36,24 +38,38 @@ GAUGES: tuple[tuple[str, str, str], ...] = (
     ("rayrl_cost_per_million_samples", COST_PER_M_SAMPLES, "USD per million env steps trained on, so far"),
     ("rayrl_cpu_util", keys.CPU_UTIL, "Node CPU utilisation, fraction"),
     ("rayrl_mem_util", keys.MEM_UTIL, "Node host memory in use, fraction"),
-    ("rayrl_gpu_util", keys.GPU_UTIL, "Mean utilisation of the trial's GPUs (its remote learners' when it has "
-     "them), fraction"),
-    ("rayrl_gpu_mem_util", keys.GPU_MEM_UTIL, "Peak memory in use on the trial's GPUs (its remote learners' "
-     "when it has them), fraction"),
-    ("rayrl_env_runner_gpu_util", "rayrl/env_runner_gpu_util", "Mean GPU utilisation on the env runners' "
-     "nodes, fraction"),
+    (
+        "rayrl_gpu_util",
+        keys.GPU_UTIL,
+        "Mean utilisation of the trial's GPUs (its remote learners' when it has them), fraction",
+    ),
+    (
+        "rayrl_gpu_mem_util",
+        keys.GPU_MEM_UTIL,
+        "Peak memory in use on the trial's GPUs (its remote learners' when it has them), fraction",
+    ),
+    (
+        "rayrl_env_runner_gpu_util",
+        "rayrl/env_runner_gpu_util",
+        "Mean GPU utilisation on the env runners' nodes, fraction",
+    ),
     ("rayrl_net_util", keys.NET_UTIL, "Busiest NIC's throughput over its link speed, fraction"),
 )
 TAG_KEYS = ("experiment", "trial")
+
+
 class Publisher:
     """The rayrl gauges for one trial, tagged {experiment, trial}; made once per trial process."""
 
     def __init__(self, experiment: str, trial: str, gauge: Callable[..., Any] | None = None) -> None:
         if gauge is None:
-            from ray.util.metrics import Gauge as gauge
+            from ray.util.metrics import Gauge
+
+            gauge = Gauge
         tags = {"experiment": experiment, "trial": trial}
-        self._gauges = [(key, gauge(name, description=desc, tag_keys=TAG_KEYS).set_default_tags(tags))
-                        for name, key, desc in GAUGES]
+        self._gauges = [
+            (key, gauge(name, description=desc, tag_keys=TAG_KEYS).set_default_tags(tags)) for name, key, desc in GAUGES
+        ]
 
     def publish(self, result: dict) -> dict[str, float]:
         """Set every gauge whose value in ``result`` is a finite number; return what was set."""
@@ -111,8 +127,9 @@ class TrialObserver:
     figure is invented.
     """
 
-    def __init__(self, algorithm: Any, sampler: HardwareSampler | None = None,
-                 publisher: Publisher | None = None) -> None:
+    def __init__(
+        self, algorithm: Any, sampler: HardwareSampler | None = None, publisher: Publisher | None = None
+    ) -> None:
         self.experiment, self.trial = trial_tags(algorithm)
         self._algorithm = algorithm  # its remote learners and env runners sample their own hardware
         self.sampler = sampler or HardwareSampler()
@@ -130,7 +147,7 @@ class TrialObserver:
         if section.get("learner_samples_per_s") is None:
             rate = _number(keys.lookup(result, "learners/__all_modules__/num_module_steps_trained_throughput"))
             section["learner_samples_per_s"] = math.nan if rate is None else rate
-        if self.prices is not None:
+        if self.prices is not None and self.resources is not None:
             steps = _number(keys.lookup(result, keys.ENV_STEPS))
             wall = _number(result.get(keys.TIME_TOTAL))
             usd = cost.trial_cost(self.resources, wall, self.prices) if wall is not None else math.nan
@@ -146,8 +163,11 @@ class TrialObserver:
             self._publisher.publish(result)
         except Exception as exc:  # noqa: BLE001 - metrics must never fail a training step
             self._publish_failed = True
-            logger.warning("rayrl metrics: publishing to Ray's metrics failed (%s); gauges are off for this "
-                           "trial, results still carry the figures.", exc)
+            logger.warning(
+                "rayrl metrics: publishing to Ray's metrics failed (%s); gauges are off for this "
+                "trial, results still carry the figures.",
+                exc,
+            )
 
 
 def _number(value: Any) -> float | None:

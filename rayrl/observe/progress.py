@@ -87,8 +87,11 @@ class HistoryWriter(Callback):
         batch, lr = trial_batch_lr(trial)
         row = history_row(result, trial.trial_id, self.phase, batch, lr)
         try:
-            files.append_line(self.path, _csv_line(row.get(c) for c in runfolder.HISTORY_COLUMNS),
-                              header=_csv_line(runfolder.HISTORY_COLUMNS))
+            files.append_line(
+                self.path,
+                _csv_line(row.get(c) for c in runfolder.HISTORY_COLUMNS),
+                header=_csv_line(runfolder.HISTORY_COLUMNS),
+            )
             if self.store is not None and time.monotonic() - self._uploaded >= self.upload_s:
                 self._upload()
         except StorageError as exc:
@@ -140,6 +143,9 @@ class ProgressPrinter(Callback):
         print(" | ".join(parts), file=self.stream or sys.stdout, flush=True)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        print(f"[{self.label}] trial {trial.trial_id} failed; Tune retries it from its latest checkpoint "
-              f"if retries remain (error file: {getattr(trial, 'error_file', None)})",
-              file=self.stream or sys.stderr, flush=True)
+        print(
+            f"[{self.label}] trial {trial.trial_id} failed; Tune retries it from its latest checkpoint "
+            f"if retries remain (error file: {getattr(trial, 'error_file', None)})",
+            file=self.stream or sys.stderr,
+            flush=True,
+        )

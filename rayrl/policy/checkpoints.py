@@ -16,8 +16,10 @@ def find_checkpoint(run_dir: str | Path, trial: str | None = None) -> tuple[str,
     (summary.json's best) or a `rayrl train` run's one trial. Raises SpecError naming the fix."""
     root = Path(run_dir)
     if not root.is_dir():
-        raise SpecError(f"RUN_DIR: {str(root)!r} is not a run folder; give the folder a sweep or `rayrl train` "
-                        "wrote, {storage}/{name} (default storage: ./runs).")
+        raise SpecError(
+            f"RUN_DIR: {str(root)!r} is not a run folder; give the folder a sweep or `rayrl train` "
+            "wrote, {storage}/{name} (default storage: ./runs)."
+        )
     trial_dirs = {d.name.split("_", 1)[1]: d for d in root.glob("*/*_*") if d.is_dir() and any(d.glob("checkpoint_*"))}
     if trial is None:
         trial = _default_trial(root, trial_dirs)
@@ -27,8 +29,9 @@ def find_checkpoint(run_dir: str | Path, trial: str | None = None) -> tuple[str,
         raise SpecError(f"--trial: {trial!r} has no checkpoint in {root}; trials with checkpoints: {known}.")
     newest = max(match[0].glob("checkpoint_*"), key=lambda p: p.name)
     if not (newest / MODULE_PATH).is_dir():
-        raise SpecError(f"{newest}: holds no RLModule ({MODULE_PATH} is missing); it is not an RLlib "
-                        "new-API-stack checkpoint.")
+        raise SpecError(
+            f"{newest}: holds no RLModule ({MODULE_PATH} is missing); it is not an RLlib new-API-stack checkpoint."
+        )
     return trial, newest
 
 
@@ -44,9 +47,11 @@ def _default_trial(root: Path, trial_dirs: dict[str, Path]) -> str:
     train = [tid for tid, d in trial_dirs.items() if d.parent.name == "tune"]
     if len(train) == 1:
         return train[0]
-    raise SpecError(f"RUN_DIR: {str(root)!r} names no best trial (summary.json) and has "
-                    f"{len(trial_dirs)} trials with checkpoints; pick one with --trial "
-                    f"({', '.join(sorted(trial_dirs)) or 'none'}).")
+    raise SpecError(
+        f"RUN_DIR: {str(root)!r} names no best trial (summary.json) and has "
+        f"{len(trial_dirs)} trials with checkpoints; pick one with --trial "
+        f"({', '.join(sorted(trial_dirs)) or 'none'})."
+    )
 
 
 def load_module(checkpoint: Path) -> Any:

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from rayrl.args import Parser, fail
-from rayrl.errors import EXIT_USAGE
+from rayrl.errors import EXIT_USAGE, SpecError
 from rayrl.policy.checkpoints import find_checkpoint
-from rayrl.errors import SpecError
 
 FORMATS = ("onnx", "torchscript")
 SUFFIX = {"onnx": ".onnx", "torchscript": ".pt"}
@@ -61,14 +61,28 @@ def export(module: Any, observation_space: Any, action_space: Any, fmt: str, out
         if fmt == "torchscript":
             torch.jit.save(torch.jit.trace(net, example, check_trace=False), str(out))
         else:
-            torch.onnx.export(net, (example,), str(out), input_names=["obs"], output_names=["action", "dist_inputs"],
-                              dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}, "dist_inputs": {0: "batch"}},
-                              dynamo=False)
+            torch.onnx.export(
+                net,
+                (example,),
+                str(out),
+                input_names=["obs"],
+                output_names=["action", "dist_inputs"],
+                dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}, "dist_inputs": {0: "batch"}},
+                dynamo=False,
+            )
     return out
 
 
-def sidecar(spec: dict, observation_space: Any, action_space: Any, fmt: str, *, trial: str, checkpoint: Path,
-            connectors: list[str]) -> dict:
+def sidecar(
+    spec: dict,
+    observation_space: Any,
+    action_space: Any,
+    fmt: str,
+    *,
+    trial: str,
+    checkpoint: Path,
+    connectors: list[str],
+) -> dict:
     """What the exported file expects and returns; written beside it as FILE.json."""
     import gymnasium as gym
 
@@ -77,19 +91,24 @@ def sidecar(spec: dict, observation_space: Any, action_space: Any, fmt: str, *, 
     if isinstance(action_space, gym.spaces.Discrete):
         action.update(n=int(action_space.n), choice="argmax of dist_inputs (the logits)")
     else:
-        action.update(low=np.asarray(action_space.low).tolist(), high=np.asarray(action_space.high).tolist(),
-                      choice="Gaussian mean mapped from [-1, 1] onto [low, high], clipped")
+        action.update(
+            low=np.asarray(action_space.low).tolist(),
+            high=np.asarray(action_space.high).tolist(),
+            choice="Gaussian mean mapped from [-1, 1] onto [low, high], clipped",
+        )
     return {
         "format": fmt,
         "inputs": {"obs": f"float32 [batch, {', '.join(map(str, observation_space.shape))}]"},
-        "outputs": {"action": "the env action (deterministic)", "dist_inputs": "RLlib's action distribution "
-                    "inputs: logits (Discrete) or mean and log std (Box)"},
+        "outputs": {
+            "action": "the env action (deterministic)",
+            "dist_inputs": "RLlib's action distribution inputs: logits (Discrete) or mean and log std (Box)",
+        },
         "env": {"id": env.get("id"), "config": env.get("config", {})},
         "observation": {"shape": list(observation_space.shape), "dtype": str(observation_space.dtype)},
         "action": action,
         "preprocessing": {
             "steps": "the env's observation as returned by env.step / env.reset (gymnasium.make(env.id, "
-                     "**env.config), wrappers included), cast to float32 and batched; nothing else",
+            "**env.config), wrappers included), cast to float32 and batched; nothing else",
             "normalisation": None if not any("MeanStd" in c for c in connectors) else "MeanStdFilter",
             "frame_stack": None,  # rayrl stacks no frames; an env (or factory) that does returns them in obs
             "rllib_env_to_module_connectors": connectors,
@@ -102,13 +121,19 @@ def sidecar(spec: dict, observation_space: Any, action_space: Any, fmt: str, *, 
 
 def build_parser() -> argparse.ArgumentParser:
 
-    p = Parser(prog="rayrl export", description="Export the best (or --trial) trial's policy from a run folder "
-                "as a standalone ONNX or TorchScript file (no Ray or RLlib needed to run it), with FILE.json "
-                "beside it describing the observation it takes and the action it returns. ONNX needs the export "
-                "extra: pip install 'rayrl[export]'.")
+    p = Parser(
+        prog="rayrl export",
+        description="Export the best (or --trial) trial's policy from a run folder "
+        "as a standalone ONNX or TorchScript file (no Ray or RLlib needed to run it), with FILE.json "
+        "beside it describing the observation it takes and the action it returns. ONNX needs the export "
+        "extra: pip install 'rayrl[export]'.",
+    )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder, {storage}/{name}")
-    p.add_argument("--trial", default=None, help="trial id (default: the sweep's best trial, or the one trial "
-                   "of a `rayrl train` run)")
+    p.add_argument(
+        "--trial",
+        default=None,
+        help="trial id (default: the sweep's best trial, or the one trial of a `rayrl train` run)",
+    )
     p.add_argument("--format", default="onnx", choices=FORMATS, help="onnx (default) or torchscript")
     p.add_argument("--out", default=None, help="output file (default: RUN_DIR/policy.onnx or policy.pt)")
     return p
@@ -125,8 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         trial, checkpoint = find_checkpoint(args.run_dir, args.trial)
         out = Path(args.out) if args.out else Path(args.run_dir) / f"policy{SUFFIX[args.format]}"
         if not out.parent.is_dir():
-            raise SpecError(f"--out: the folder {str(out.parent)!r} does not exist; give a file in an existing "
-                            "folder.")
+            raise SpecError(f"--out: the folder {str(out.parent)!r} does not exist; give a file in an existing folder.")
         spec = _run_spec(Path(args.run_dir))
     except SpecError as exc:
         fail(str(exc))
@@ -135,8 +159,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     module = load_module(checkpoint)
     export(module, module.observation_space, module.action_space, args.format, out)
-    info = sidecar(spec, module.observation_space, module.action_space, args.format, trial=trial,
-                   checkpoint=checkpoint, connectors=connector_names(checkpoint))
+    info = sidecar(
+        spec,
+        module.observation_space,
+        module.action_space,
+        args.format,
+        trial=trial,
+        checkpoint=checkpoint,
+        connectors=connector_names(checkpoint),
+    )
     Path(str(out) + ".json").write_text(json.dumps(info, indent=2))
     print(f"rayrl export: trial {trial} ({checkpoint.name}) -> {out} ({args.format}); preprocessing in {out}.json")
     return 0

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rayrl.args import Parser, fail
-from rayrl.errors import EXIT_USAGE
+from rayrl.errors import EXIT_USAGE, SpecError
 from rayrl.policy.checkpoints import find_checkpoint
-from rayrl.errors import SpecError
 
 
 def make_env(env: dict, video_dir: Path | None) -> Any:
@@ -34,8 +34,9 @@ def make_env(env: dict, video_dir: Path | None) -> Any:
         made = gym.make(env_id, **({"render_mode": "rgb_array"} if video_dir else {}), **config)
     if video_dir is None:
         return made
-    return gym.wrappers.RecordVideo(made, str(video_dir), episode_trigger=lambda _: True, name_prefix="play",
-                                   disable_logger=True)
+    return gym.wrappers.RecordVideo(
+        made, str(video_dir), episode_trigger=lambda _: True, name_prefix="play", disable_logger=True
+    )
 
 
 def play(module: Any, env: Any, episodes: int, deterministic: bool, seed: int) -> list[float]:
@@ -65,16 +66,23 @@ def play(module: Any, env: Any, episodes: int, deterministic: bool, seed: int) -
 
 def build_parser() -> argparse.ArgumentParser:
 
-    p = Parser(prog="rayrl play", description="Play the best (or --trial) trial's policy from a run folder for "
-                "N episodes; print each return, the mean and the spread, and write RUN_DIR/play.json (read by "
-                "`rayrl report`). --video needs moviepy: pip install 'rayrl[export]'.")
+    p = Parser(
+        prog="rayrl play",
+        description="Play the best (or --trial) trial's policy from a run folder for "
+        "N episodes; print each return, the mean and the spread, and write RUN_DIR/play.json (read by "
+        "`rayrl report`). --video needs moviepy: pip install 'rayrl[export]'.",
+    )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder, {storage}/{name}")
-    p.add_argument("--trial", default=None, help="trial id (default: the sweep's best trial, or the one trial "
-                   "of a `rayrl train` run)")
+    p.add_argument(
+        "--trial",
+        default=None,
+        help="trial id (default: the sweep's best trial, or the one trial of a `rayrl train` run)",
+    )
     p.add_argument("--episodes", type=int, default=5, help="episodes to play (default: 5)")
     p.add_argument("--video", default=None, metavar="DIR", help="record every episode as an mp4 into DIR")
-    p.add_argument("--deterministic", action="store_true", help="the most likely action (default: sample, as "
-                   "in training)")
+    p.add_argument(
+        "--deterministic", action="store_true", help="the most likely action (default: sample, as in training)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the first episode's env (default: 0)")
     return p
 
@@ -111,12 +119,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"episode {i}: return {ret:.1f}")
     mean = statistics.fmean(returns)
     spread = statistics.stdev(returns) if len(returns) > 1 else 0.0
-    print(f"rayrl play: trial {trial} ({checkpoint.name}), {len(returns)} episodes: mean {mean:.1f}, "
-          f"std {spread:.1f}, min {min(returns):.1f}, max {max(returns):.1f}")
+    print(
+        f"rayrl play: trial {trial} ({checkpoint.name}), {len(returns)} episodes: mean {mean:.1f}, "
+        f"std {spread:.1f}, min {min(returns):.1f}, max {max(returns):.1f}"
+    )
     videos = sorted(str(p) for p in video_dir.glob("*.mp4")) if video_dir else []
-    runtime.write_json(run_dir / "play.json", {
-        "trial_id": trial, "checkpoint": str(checkpoint), "deterministic": args.deterministic, "seed": args.seed,
-        "returns": returns, "mean": mean, "std": spread, "videos": videos})
+    runtime.write_json(
+        run_dir / "play.json",
+        {
+            "trial_id": trial,
+            "checkpoint": str(checkpoint),
+            "deterministic": args.deterministic,
+            "seed": args.seed,
+            "returns": returns,
+            "mean": mean,
+            "std": spread,
+            "videos": videos,
+        },
+    )
     if videos:
         print(f"rayrl play: {len(videos)} videos in {video_dir}")
     return 0
@@ -136,9 +156,12 @@ def report_lines(run_dir: Path) -> list[str]:
     except (ValueError, KeyError, TypeError):
         return [f"{path}: damaged (no list of returns); run `rayrl play RUN_DIR` again.", ""]
     mode = "deterministic" if data.get("deterministic") else "sampled"
-    out = [f"Trial {data.get('trial_id')}, {len(returns)} episodes ({mode} actions): mean return "
-           f"{statistics.fmean(returns):.1f}, std {data.get('std', 0.0):.1f}; returns "
-           f"{', '.join(f'{r:.0f}' for r in returns)}.", ""]
+    out = [
+        f"Trial {data.get('trial_id')}, {len(returns)} episodes ({mode} actions): mean return "
+        f"{statistics.fmean(returns):.1f}, std {data.get('std', 0.0):.1f}; returns "
+        f"{', '.join(f'{r:.0f}' for r in returns)}.",
+        "",
+    ]
     videos = [v for v in data.get("videos") or [] if Path(v).is_file()]
     out += [f"- video: [{Path(v).name}]({os.path.relpath(v, run_dir)})" for v in videos]
     return out + ([""] if videos else [])

@@ -6,14 +6,11 @@ and a result dict (see :mod:`rayrl.observe.keys`).
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
+from rayrl.envs import registry
 from rayrl.rllib import models
 from rayrl.rllib.callback import RayrlCallback
-from rayrl.envs import registry
 from rayrl.sampling import runner_class
 from rayrl.spec import Spec
 
@@ -67,9 +64,13 @@ def build_config(spec: Spec) -> AlgorithmConfig:
         config.env_runners(env_to_module_connector=models.obs_filter)
     if spec.evaluation.interval > 0:
         e = spec.evaluation
-        config.evaluation(evaluation_interval=e.interval, evaluation_duration=e.episodes,
-                          evaluation_duration_unit="episodes", evaluation_num_env_runners=e.env_runners,
-                          evaluation_config={"explore": not e.deterministic})
+        config.evaluation(
+            evaluation_interval=e.interval,
+            evaluation_duration=e.episodes,
+            evaluation_duration_unit="episodes",
+            evaluation_num_env_runners=e.env_runners,
+            evaluation_config={"explore": not e.deterministic},
+        )
     if spec.checkpoint.hung_runner_s > 0:  # a hung runner's late sample is dropped before the watchdog acts
         config.env_runners(sample_timeout_s=min(config.sample_timeout_s or 60.0, spec.checkpoint.hung_runner_s / 2))
     if a.name == "PPO":

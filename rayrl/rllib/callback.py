@@ -50,19 +50,24 @@ class RayrlCallback(RLlibCallback):
         settings = cfg.learner_config_dict or {}
         stats = learner_stats(result)
         # update, not replace: the trainable (rayrl.tune.trainable) adds its checkpoint figures too
-        result.setdefault("rayrl", {}).update({
-            "env_steps_per_s": this_iter / elapsed if elapsed > 0 else 0.0,
-            "env_steps_this_iter": this_iter,
-            "backend": self._backend,
-            "num_learners": cfg.num_learners,
-            "global_batch": cfg.train_batch_size_per_learner * max(cfg.num_learners, 1),
-            "effective_minibatch": (cfg.minibatch_size or cfg.train_batch_size_per_learner)
-            * settings.get("accumulation_steps", 1),
-            "effective_lr": cfg.lr,
-            "precision": settings.get("precision", "fp32"),
-            **stats,
-            **self._known_returns(result),
-        })
+        result.setdefault("rayrl", {}).update(
+            {
+                "env_steps_per_s": this_iter / elapsed if elapsed > 0 else 0.0,
+                "env_steps_this_iter": this_iter,
+                "backend": self._backend,
+                "num_learners": cfg.num_learners,
+                "global_batch": cfg.train_batch_size_per_learner * max(cfg.num_learners, 1),
+                "effective_minibatch": (cfg.minibatch_size or cfg.train_batch_size_per_learner)
+                * settings.get("accumulation_steps", 1),
+                "effective_lr": cfg.lr,
+                "precision": settings.get("precision", "fp32"),
+                **stats,
+                **self._known_returns(result),
+            }
+        )
+        if self._observer is None or self._watchdog is None:  # attached to an algorithm already built
+            self._observer = metrics.TrialObserver(algorithm)
+            self._watchdog = Watchdog(settings.get("hung_runner_s", 0.0))
         self._observer.observe(result)  # hardware sample into result["rayrl"]; Ray gauges
         result["rayrl"]["hung_runner_restarts"] = self._watchdog.check(algorithm)
 
@@ -100,8 +105,11 @@ def learner_stats(result: dict) -> dict:
         if not isinstance(stats, dict) or module_id == "__all_modules__":
             continue
         out["nonfinite_steps"] += float(stats.get("rayrl_nonfinite_steps", 0) or 0)
-        for src, dst in (("rayrl_loss_scale", "loss_scale"), ("rayrl_grad_norm", "grad_norm"),
-                         ("total_loss", "total_loss")):
+        for src, dst in (
+            ("rayrl_loss_scale", "loss_scale"),
+            ("rayrl_grad_norm", "grad_norm"),
+            ("total_loss", "total_loss"),
+        ):
             if src in stats and stats[src] is not None:
                 out[dst] = float(stats[src])
     return out

@@ -22,8 +22,9 @@ import dataclasses
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -35,14 +36,20 @@ from rayrl.errors import SpecError
 from rayrl.spec import PRECISIONS, Spec, import_callable
 
 # Per-module learner metrics; rayrl.rllib.callback.RayrlCallback copies them into result["rayrl"].
-NONFINITE_STEPS = "rayrl_nonfinite_steps"      #: skipped non-finite steps, lifetime (rank 0 counts)
-OVERFLOW_STEPS = "rayrl_overflow_steps"        #: fp16 steps skipped by the loss scaler, lifetime
-LOSS_SCALE = "rayrl_loss_scale"                #: fp16 dynamic loss scale after the last step
-GRAD_NORM = "rayrl_grad_norm"                  #: pre-clip global gradient norm, last finite step
-OPTIMIZER_STEPS = "rayrl_optimizer_steps"      #: optimizer steps applied this iteration
+NONFINITE_STEPS = "rayrl_nonfinite_steps"  #: skipped non-finite steps, lifetime (rank 0 counts)
+OVERFLOW_STEPS = "rayrl_overflow_steps"  #: fp16 steps skipped by the loss scaler, lifetime
+LOSS_SCALE = "rayrl_loss_scale"  #: fp16 dynamic loss scale after the last step
+GRAD_NORM = "rayrl_grad_norm"  #: pre-clip global gradient norm, last finite step
+OPTIMIZER_STEPS = "rayrl_optimizer_steps"  #: optimizer steps applied this iteration
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 logger = logging.getLogger(__name__)
+
+
+if TYPE_CHECKING:  # the mixins' view of the learner they extend (RLlib is untyped here: Any)
+    from ray.rllib.core.learner.torch.torch_learner import TorchLearner as _LearnerBase
+else:
+    _LearnerBase = object
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -62,21 +69,24 @@ class LearnerSettings:
     loss_hook: str | None = None
 
     @classmethod
-    def from_config(cls, data: Mapping[str, Any] | None) -> "LearnerSettings":
+    def from_config(cls, data: Mapping[str, Any] | None) -> LearnerSettings:
         """Validate ``learner_config_dict`` (which a user may also write by hand)."""
         data = dict(data or {})
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         s = cls(**known)
         where = "learner_config_dict"
         if s.precision not in PRECISIONS:
-            raise SpecError(f"{where}['precision'] (precision.mode): {s.precision!r} is not valid; "
-                            f"valid: {', '.join(PRECISIONS)}.")
+            raise SpecError(
+                f"{where}['precision'] (precision.mode): {s.precision!r} is not valid; valid: {', '.join(PRECISIONS)}."
+            )
         for key, low in (("accumulation_steps", 1), ("max_nonfinite_steps", 1), ("fp16_growth_interval", 1)):
             v = getattr(s, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise SpecError(f"{where}[{key!r}]: {v!r} is not valid; it must be an integer >= {low}.")
-        for key, ok, rule in (("grad_clip", lambda v: v >= 0, ">= 0 (0 turns clipping off)"),
-                              ("fp16_init_scale", lambda v: v > 0, "> 0")):
+        for key, ok, rule in (
+            ("grad_clip", lambda v: v >= 0, ">= 0 (0 turns clipping off)"),
+            ("fp16_init_scale", lambda v: v > 0, "> 0"),
+        ):
             v = getattr(s, key)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not ok(v):
                 raise SpecError(f"{where}[{key!r}]: {v!r} is not valid; it must be a finite number {rule}.")
@@ -101,8 +111,11 @@ def learner_settings(spec: Spec) -> dict:
 
 def resolve_hook(target: str) -> Callable[..., torch.Tensor]:
     """Import a loss hook 'module:function' (fault drills and tests inject non-finite losses)."""
-    return import_callable(target, "learner_config_dict['loss_hook']",
-                           "'package.module:function' taking (loss, *, module_id, step) -> loss")
+    return import_callable(
+        target,
+        "learner_config_dict['loss_hook']",
+        "'package.module:function' taking (loss, *, module_id, step) -> loss",
+    )
 
 
 def check_precision(mode: str, device: torch.device | str) -> torch.dtype | None:
@@ -121,8 +134,10 @@ def check_precision(mode: str, device: torch.device | str) -> torch.dtype | None
     if not torch.amp.autocast_mode.is_autocast_available(device.type):
         why = f"torch has no autocast for device type {device.type!r}"
     elif device.type == "cuda" and mode == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
-        why = (f"{torch.cuda.get_device_name(device)} has no native bf16 (needs compute capability >= 8.0); "
-               "use fp16 (dynamic loss scaling) or fp32")
+        why = (
+            f"{torch.cuda.get_device_name(device)} has no native bf16 (needs compute capability >= 8.0); "
+            "use fp16 (dynamic loss scaling) or fp32"
+        )
     else:
         try:
             with torch.autocast(device.type, dtype=dtype):
@@ -133,13 +148,15 @@ def check_precision(mode: str, device: torch.device | str) -> torch.dtype | None
         if got is not None and got != dtype:
             why = f"autocast on {device.type} ran a matmul in {got}, not {dtype}"
     if why:
-        raise SpecError(f"precision.mode: {mode!r} is not supported on this learner's device ({device}): "
-                        f"{why}. Choose another precision.mode (valid: {', '.join(PRECISIONS)}) or another "
-                        "device (resources.gpus_per_learner).")
+        raise SpecError(
+            f"precision.mode: {mode!r} is not supported on this learner's device ({device}): "
+            f"{why}. Choose another precision.mode (valid: {', '.join(PRECISIONS)}) or another "
+            "device (resources.gpus_per_learner)."
+        )
     return dtype
 
 
-class RayrlTorchLearnerMixin:
+class RayrlTorchLearnerMixin(_LearnerBase):
     """Put in front of an RLlib Torch learner; replaces its per-minibatch update (see module doc)."""
 
     # ---- set-up ---------------------------------------------------------------------------------
@@ -149,8 +166,8 @@ class RayrlTorchLearnerMixin:
         self.rayrl = LearnerSettings.from_config(self.config.learner_config_dict)
         self._rayrl_hook = resolve_hook(self.rayrl.loss_hook) if self.rayrl.loss_hook else None
         self._rayrl_scalers: dict[str, torch.amp.GradScaler] = {}
-        self._rayrl_pending = 0          # minibatches whose gradients wait in .grad
-        self._rayrl_minibatches = 0      # minibatches seen by this learner, lifetime (hook's `step`)
+        self._rayrl_pending = 0  # minibatches whose gradients wait in .grad
+        self._rayrl_minibatches = 0  # minibatches seen by this learner, lifetime (hook's `step`)
         self._rayrl_loss_bad: dict[str, torch.Tensor] = {}
         self._rayrl_streak: dict[str, int] = defaultdict(int)
         self._rayrl_error: NonFiniteTrainingError | None = None
@@ -159,16 +176,20 @@ class RayrlTorchLearnerMixin:
         if self.rayrl.precision == "fp16" and self._device.type == "cpu":
             # Correct but slow: CPUs without AVX512-FP16/AMX-FP16 run fp16 matmuls through
             # reference kernels (docs/learner.md: ~0.06x fp32 measured on an AMD EPYC).
-            logger.warning("precision.mode 'fp16' on a CPU learner: correct, but torch's CPU fp16 "
-                           "matmuls are much slower than fp32; use bf16 on CPUs and fp16 on GPUs.")
+            logger.warning(
+                "precision.mode 'fp16' on a CPU learner: correct, but torch's CPU fp16 "
+                "matmuls are much slower than fp32; use bf16 on CPUs and fp16 on GPUs."
+            )
         self._rayrl_ddp = self.config.num_learners > 1 and dist.is_available() and dist.is_initialized()
         self._rayrl_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
     def _rayrl_scaler(self, module_id: str) -> torch.amp.GradScaler:
         if module_id not in self._rayrl_scalers:
             self._rayrl_scalers[module_id] = torch.amp.GradScaler(
-                self._device.type, init_scale=self.rayrl.fp16_init_scale,
-                growth_interval=self.rayrl.fp16_growth_interval)
+                self._device.type,
+                init_scale=self.rayrl.fp16_init_scale,
+                growth_interval=self.rayrl.fp16_growth_interval,
+            )
         return self._rayrl_scalers[module_id]
 
     # ---- one minibatch --------------------------------------------------------------------------
@@ -183,15 +204,20 @@ class RayrlTorchLearnerMixin:
                 for mod in self.module.values():
                     if isinstance(mod, torch.nn.parallel.DistributedDataParallel):
                         stack.enter_context(mod.no_sync())
-            autocast = (torch.autocast(self._device.type, dtype=self._rayrl_dtype)
-                        if self._rayrl_dtype is not None else contextlib.nullcontext())
+            autocast = (
+                torch.autocast(self._device.type, dtype=self._rayrl_dtype)
+                if self._rayrl_dtype is not None
+                else contextlib.nullcontext()
+            )
             with autocast:
                 fwd_out = self.module.forward_train(batch)
                 loss_per_module = self.compute_losses(fwd_out=fwd_out, batch=batch)
             loss_per_module = {mid: loss.float() for mid, loss in loss_per_module.items()}
             if self._rayrl_hook is not None:
-                loss_per_module = {mid: self._rayrl_hook(loss, module_id=mid, step=self._rayrl_minibatches)
-                                   for mid, loss in loss_per_module.items()}
+                loss_per_module = {
+                    mid: self._rayrl_hook(loss, module_id=mid, step=self._rayrl_minibatches)
+                    for mid, loss in loss_per_module.items()
+                }
             total = None
             for mid, loss in loss_per_module.items():
                 bad = ~torch.isfinite(loss.detach())
@@ -263,9 +289,9 @@ class RayrlTorchLearnerMixin:
         buf[:n_grad] /= dist.get_world_size()
         offset = 0
         for p in params:
-            p.grad.copy_(buf[offset:offset + p.numel()].view_as(p.grad))
+            p.grad.copy_(buf[offset : offset + p.numel()].view_as(p.grad))
             offset += p.numel()
-        present = buf[n_grad + 1::2].tolist()  # one sync for every module; the bad flags stay on the device
+        present = buf[n_grad + 1 :: 2].tolist()  # one sync for every module; the bad flags stay on the device
         for i, mid in enumerate(groups):
             if present[i] > 0:
                 loss_bad[mid] = buf[n_grad + 2 * i] > 0
@@ -323,21 +349,26 @@ class RayrlTorchLearnerMixin:
         # Every rank takes the same decision; only rank 0 counts, so the sum over learners is right.
         if self._rayrl_rank != 0:
             return
-        for key, reduce in ((OPTIMIZER_STEPS, "sum"), (OVERFLOW_STEPS, "lifetime_sum"),
-                            (NONFINITE_STEPS, "lifetime_sum")):
+        for key, reduce in (
+            (OPTIMIZER_STEPS, "sum"),
+            (OVERFLOW_STEPS, "lifetime_sum"),
+            (NONFINITE_STEPS, "lifetime_sum"),
+        ):
             self.metrics.log_value((module_id, key), int(key == outcome), reduce=reduce)
 
     def _rayrl_message(self, module_id: str, loss_ok: bool, norm: float) -> str:
         s = self.rayrl
         what = f"gradient norm {norm}" if loss_ok else "loss"
         fp16 = "; with fp16, activations may overflow in the forward pass (try bf16)" if s.precision == "fp16" else ""
-        return (f"rayrl learner: {self._rayrl_streak[module_id]} consecutive optimizer steps of module "
-                f"{module_id!r} had a non-finite (NaN/Inf) loss or gradient norm (last: non-finite {what}); each "
-                f"was skipped with the weights left unchanged. Likely causes: the learning rate is too high "
-                f"(lr={self.config.lr}), the reward scale is too large (normalise or clip rewards), or gradient "
-                f"clipping is missing (algo.grad_clip={s.grad_clip}; 0 is off, rayrl's default is 1.0){fp16}. "
-                f"The trial fails now (precision.max_nonfinite_steps={s.max_nonfinite_steps}) so Tune's retry "
-                f"restores the last good checkpoint.")
+        return (
+            f"rayrl learner: {self._rayrl_streak[module_id]} consecutive optimizer steps of module "
+            f"{module_id!r} had a non-finite (NaN/Inf) loss or gradient norm (last: non-finite {what}); each "
+            f"was skipped with the weights left unchanged. Likely causes: the learning rate is too high "
+            f"(lr={self.config.lr}), the reward scale is too large (normalise or clip rewards), or gradient "
+            f"clipping is missing (algo.grad_clip={s.grad_clip}; 0 is off, rayrl's default is 1.0){fp16}. "
+            f"The trial fails now (precision.max_nonfinite_steps={s.max_nonfinite_steps}) so Tune's retry "
+            f"restores the last good checkpoint."
+        )
 
     def _rayrl_fail(self, message: str) -> None:
         self._rayrl_error = NonFiniteTrainingError(message)
@@ -359,8 +390,10 @@ class RayrlTorchLearnerMixin:
             self._rayrl_scaler(mid).load_state_dict(sd)
 
 
-class _AsyncGuardMixin:
+class _AsyncGuardMixin(_LearnerBase):
     """IMPALA/APPO update in a learner thread: a failure there must reach the caller, not hang it."""
+
+    _rayrl_error: NonFiniteTrainingError | None
 
     def _rayrl_fail(self, message: str) -> None:
         # Raising in the learner thread would kill it and leave `update()` waiting forever on the

@@ -31,7 +31,8 @@ def model_config(model: ModelSpec, *, atari: bool = False) -> dict[str, Any]:
         "free_log_std": model.free_log_std,
     }
     if filters is not None:
-        out["conv_filters"] = [[int(c), [int(k) for k in kernel], int(s), *pad] for c, kernel, s, *pad in filters]
+        layers: list[list[Any]] = [list(layer) for layer in filters]  # [channels, [kh, kw], stride(, padding)]
+        out["conv_filters"] = [[int(c), [int(k) for k in kernel], int(s), *pad] for c, kernel, s, *pad in layers]
     return out
 
 

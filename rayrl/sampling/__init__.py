@@ -8,6 +8,7 @@ choose them (see :func:`runner_class`).
 
 from __future__ import annotations
 
+
 def runner_class(runner: str, backend: str) -> type | None:
     """The RLlib ``env_runner_cls`` for a spec's ``env.runner``/``env.backend``; None keeps RLlib's own."""
     if runner == "rllib":

@@ -47,6 +47,7 @@ class FastEnvRunner(SingleAgentEnvRunner):
     """SingleAgentEnvRunner with a fast ``_sample`` for stateless policies; gymnasium backend."""
 
     backend = "gymnasium"
+    env: Any  # RLlib's vector env (set by make_env)
 
     def __init__(self, *, config: Any, **kwargs: Any) -> None:
         self._fast_obs: np.ndarray | None = None
@@ -72,12 +73,19 @@ class FastEnvRunner(SingleAgentEnvRunner):
             self.env = DictInfoToList(env)  # RLlib's fallback loop expects list infos
             self.num_envs = env.num_envs
             self._needs_initial_reset = True
-            make_callback("on_environment_created", callbacks_objects=self._callbacks,
-                          callbacks_functions=self.config.callbacks_on_environment_created,
-                          kwargs=dict(env_runner=self, metrics_logger=self.metrics, env=env,
-                                      env_context=EnvContext(dict(self.config.env_config),
-                                                             worker_index=self.worker_index,
-                                                             num_workers=self.num_workers)))
+            make_callback(
+                "on_environment_created",
+                callbacks_objects=self._callbacks,
+                callbacks_functions=self.config.callbacks_on_environment_created,
+                kwargs=dict(
+                    env_runner=self,
+                    metrics_logger=self.metrics,
+                    env=env,
+                    env_context=EnvContext(
+                        dict(self.config.env_config), worker_index=self.worker_index, num_workers=self.num_workers
+                    ),
+                ),
+            )
         self._fast_obs = None
 
     def _backend_env(self) -> Any:
@@ -150,13 +158,25 @@ class FastEnvRunner(SingleAgentEnvRunner):
 
     # ---- sampling -----------------------------------------------------------------------------
 
-    def _sample(self, *, num_timesteps: int | None = None, num_episodes: int | None = None, explore: bool,
-                random_actions: bool = False, force_reset: bool = False) -> list:
+    def _sample(
+        self,
+        *,
+        num_timesteps: int | None = None,
+        num_episodes: int | None = None,
+        explore: bool,
+        random_actions: bool = False,
+        force_reset: bool = False,
+    ) -> list:
         if num_timesteps is None or random_actions or self.fast_off_reason:
             if self._fast_ran:  # RLlib's loop keeps its own episodes: start it from a reset
                 self._needs_initial_reset, self._fast_ran, self._fast_obs = True, False, None
-            return super()._sample(num_timesteps=num_timesteps, num_episodes=num_episodes, explore=explore,
-                                   random_actions=random_actions, force_reset=force_reset)
+            return super()._sample(
+                num_timesteps=num_timesteps,
+                num_episodes=num_episodes,
+                explore=explore,
+                random_actions=random_actions,
+                force_reset=force_reset,
+            )
         self._fast_ran = True
         return self._fast_sample(num_timesteps, explore, force_reset)
 
@@ -221,8 +241,9 @@ class FastEnvRunner(SingleAgentEnvRunner):
         r.times[t] = time.perf_counter()
         r["extra:" + WEIGHTS_SEQ_NO][:t] = self._weights_seq_no
         self._fast_obs = obs
-        obs_space = (self.env.single_observation_space if self._obs_filter is None
-                     else self._obs_filter.observation_space)
+        obs_space = (
+            self.env.single_observation_space if self._obs_filter is None else self._obs_filter.observation_space
+        )
         done, ongoing = episodes.build(r, self._carry, obs_space, act_space)
         self._done_episodes_for_metrics.extend(done)
         for ep in ongoing:
@@ -237,14 +258,23 @@ class FastEnvRunner(SingleAgentEnvRunner):
             obs_space, act_space = self.env.single_observation_space, self.env.single_action_space
             with torch.no_grad():
                 probe = self.module.forward_inference(
-                    {Columns.OBS: obs_tensor(np.asarray(self._fast_obs), self._device)})
+                    {Columns.OBS: obs_tensor(np.asarray(self._fast_obs), self._device)}
+                )
             dist_shape = tuple(probe[Columns.ACTION_DIST_INPUTS].shape[1:])
             discrete = isinstance(act_space, spaces.Discrete)
             self._rollout = episodes.Rollout(
-                self.num_envs, obs_space.shape, obs_space.dtype, () if discrete else act_space.shape,
+                self.num_envs,
+                obs_space.shape,
+                obs_space.dtype,
+                () if discrete else act_space.shape,
                 np.int64 if discrete else np.float32,
-                {Columns.ACTION_LOGP: ((), np.float32), Columns.ACTION_DIST_INPUTS: (dist_shape, np.float32),
-                 WEIGHTS_SEQ_NO: ((), np.int64)}, capacity)
+                {
+                    Columns.ACTION_LOGP: ((), np.float32),
+                    Columns.ACTION_DIST_INPUTS: (dist_shape, np.float32),
+                    WEIGHTS_SEQ_NO: ((), np.int64),
+                },
+                capacity,
+            )
         self._rollout.ensure(capacity)
         return self._rollout
 

@@ -16,9 +16,9 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pandas as pd
 
@@ -42,16 +42,25 @@ class HistoryTail:
             rows = pd.read_csv(self.path)
         except (pd.errors.EmptyDataError, pd.errors.ParserError):
             return []  # being written: read it next time
-        fresh, self._seen = rows.iloc[self._seen:], len(rows)
-        return [Sample(t=now, util=_num(r.get(self.util)), env_steps_per_s=_num(r.get("env_steps_per_s")))
-                for r in fresh.to_dict("records")]
+        fresh, self._seen = rows.iloc[self._seen :], len(rows)
+        return [
+            Sample(t=now, util=_num(r.get(self.util)), env_steps_per_s=_num(r.get("env_steps_per_s")))
+            for r in fresh.to_dict("records")
+        ]
 
 
 class ElasticRunner:
     """One policy loop: feed samples, decide, apply a changed size, log the decision."""
 
-    def __init__(self, source: HistoryTail, apply: Callable[[int], None], policy: Policy, start_nodes: int,
-                 log_path: Path | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        source: HistoryTail,
+        apply: Callable[[int], None],
+        policy: Policy,
+        start_nodes: int,
+        log_path: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.source, self.apply, self.policy, self.clock = source, apply, policy, clock
         self.samples: list[Sample] = []
         self.state = State(nodes=start_nodes)
@@ -67,8 +76,13 @@ class ElasticRunner:
         self.state = d.state
         if self.log_path is not None:
             with self.log_path.open("a") as f:
-                f.write(json.dumps({"t": now, "action": d.action, "nodes": d.nodes, "reason": d.reason,
-                                    "state": asdict(d.state)}, default=str) + "\n")
+                f.write(
+                    json.dumps(
+                        {"t": now, "action": d.action, "nodes": d.nodes, "reason": d.reason, "state": asdict(d.state)},
+                        default=str,
+                    )
+                    + "\n"
+                )
         return d
 
 
@@ -98,20 +112,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         bundle = json.loads(args.bundle)
-        if not isinstance(bundle, dict) or not bundle or not all(
-                isinstance(v, (int, float)) and v > 0 for v in bundle.values()):
+        if (
+            not isinstance(bundle, dict)
+            or not bundle
+            or not all(isinstance(v, (int, float)) and v > 0 for v in bundle.values())
+        ):
             raise ValueError("not an object of positive numbers")
-        policy = Policy(cooldown_s=args.cooldown, sustain=args.sustain, min_nodes=args.min_nodes,
-                        max_nodes=args.max_nodes)
+        policy = Policy(
+            cooldown_s=args.cooldown, sustain=args.sustain, min_nodes=args.min_nodes, max_nodes=args.max_nodes
+        )
     except ValueError as exc:
-        sys.stderr.write(f"rayrl autoscale: error: --bundle {args.bundle!r} / policy flags: {exc}. Give e.g. "
-                         "--bundle '{\"GPU\": 8}' and 1 <= --min-nodes <= --max-nodes.\n")
+        sys.stderr.write(
+            f"rayrl autoscale: error: --bundle {args.bundle!r} / policy flags: {exc}. Give e.g. "
+            "--bundle '{\"GPU\": 8}' and 1 <= --min-nodes <= --max-nodes.\n"
+        )
         return 2
     import ray
 
     ray.init(address=args.address, log_to_driver=False)
-    runner = ElasticRunner(HistoryTail(args.run_dir, args.util), request_nodes(bundle), policy,
-                           max(args.start_nodes, args.min_nodes), Path(args.run_dir) / "elastic.jsonl")
+    runner = ElasticRunner(
+        HistoryTail(args.run_dir, args.util),
+        request_nodes(bundle),
+        policy,
+        max(args.start_nodes, args.min_nodes),
+        Path(args.run_dir) / "elastic.jsonl",
+    )
     end = time.monotonic() + args.duration
     while time.monotonic() < end:
         d = runner.step()

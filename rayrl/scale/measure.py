@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -43,6 +44,7 @@ def steady(values: Sequence[float]) -> float:
 
 def mlp_params(obs_dim: int, action_dim: int, hidden: Sequence[int]) -> int:
     """Parameters of a policy MLP (obs -> hidden -> action_dim) and a value MLP (obs -> hidden -> 1)."""
+
     def mlp(sizes: list[int]) -> int:
         return sum(a * b + b for a, b in zip(sizes, sizes[1:]))
 
@@ -86,15 +88,19 @@ def trial_progress(run: RunFolder) -> tuple[pd.DataFrame, str]:
         rungs = run.history[(run.history["phase"] == runfolder.LADDER) & (run.history["batch_size"] == knee)]
         candidates += [(runfolder.PHASE_DIRS[runfolder.LADDER], str(t)) for t in rungs["trial_id"].unique()]
     else:
-        candidates += [(runfolder.PHASE_DIRS[runfolder.TRAIN], str(t)) for t in run.history["trial_id"].dropna().unique()]
+        candidates += [
+            (runfolder.PHASE_DIRS[runfolder.TRAIN], str(t)) for t in run.history["trial_id"].dropna().unique()
+        ]
     for folder, trial in candidates:
         for path in sorted((root / folder).glob(f"*{trial}*/progress.csv")):
             frame = pd.read_csv(path)
             if {SAMPLE_TIMER, LEARN_TIMER} <= set(frame.columns) and len(frame):
                 return frame, trial
-    raise RunFolderError(f"{root}: no Tune progress.csv with RLlib's iteration timers for the measured trial "
-                         f"(looked for {', '.join(f'{f}/*{t}*/progress.csv' for f, t in candidates) or 'none'}); "
-                         "the plan needs the Tune experiment folders the run wrote beside its csv files.")
+    raise RunFolderError(
+        f"{root}: no Tune progress.csv with RLlib's iteration timers for the measured trial "
+        f"(looked for {', '.join(f'{f}/*{t}*/progress.csv' for f, t in candidates) or 'none'}); "
+        "the plan needs the Tune experiment folders the run wrote beside its csv files."
+    )
 
 
 def target_points(run: RunFolder, target: float | None = None) -> list[tuple[float, float]]:
@@ -103,7 +109,7 @@ def target_points(run: RunFolder, target: float | None = None) -> list[tuple[flo
     if target is None:
         return []
     points = []
-    for trial, rows in run.history.groupby("trial_id"):
+    for _trial, rows in run.history.groupby("trial_id"):
         if (rows["phase"] == runfolder.LADDER).all():
             continue
         rows = rows.sort_values("env_steps")
@@ -114,25 +120,40 @@ def target_points(run: RunFolder, target: float | None = None) -> list[tuple[flo
     return points
 
 
-def measure(run_dir: str | Path, grad_bytes: float | None = None, critical_batch: float | None = None,
-            target: float | None = None) -> tuple[Measured, dict[str, Any]]:
+def measure(
+    run_dir: str | Path,
+    grad_bytes: float | None = None,
+    critical_batch: float | None = None,
+    target: float | None = None,
+) -> tuple[Measured, dict[str, Any]]:
     """The model's inputs from ``run_dir``, and a dict saying where each came from (for plan.json)."""
     run = load(run_dir)
     spec, res = run.spec, run.sections["resources"]
     algo = spec.get("algo") or {}
     env = spec.get("env") or {}
     frame, trial = trial_progress(run)
-    batch = int(frame["rayrl/global_batch"].iloc[-1]) if "rayrl/global_batch" in frame else \
-        int(algo.get("train_batch_per_learner", 2048))
+    batch = (
+        int(frame["rayrl/global_batch"].iloc[-1])
+        if "rayrl/global_batch" in frame
+        else int(algo.get("train_batch_per_learner", 2048))
+    )
     learners = res.learners
     per_learner = batch // max(learners, 1)
-    minibatch = int(frame["rayrl/effective_minibatch"].iloc[-1]) if "rayrl/effective_minibatch" in frame else \
-        int(algo.get("minibatch_size", 256))
+    minibatch = (
+        int(frame["rayrl/effective_minibatch"].iloc[-1])
+        if "rayrl/effective_minibatch" in frame
+        else int(algo.get("minibatch_size", 256))
+    )
     sample_s = steady(unsmooth(frame[SAMPLE_TIMER].tolist()))
     learn_s = steady(unsmooth(frame[LEARN_TIMER].tolist()))
     sampled = steady(frame[SAMPLED].tolist()) if SAMPLED in frame else float(batch)
-    sources: dict[str, Any] = {"trial": trial, "iterations": int(len(frame)), "sample_s": sample_s,
-                               "learn_s": learn_s, "env_steps_per_iteration": sampled}
+    sources: dict[str, Any] = {
+        "trial": trial,
+        "iterations": int(len(frame)),
+        "sample_s": sample_s,
+        "learn_s": learn_s,
+        "env_steps_per_iteration": sampled,
+    }
     if grad_bytes is None:
         obs, out = space_dims(env.get("id", "CartPole-v1"), env.get("config"))
         params = mlp_params(obs, out, algo.get("hidden", [64, 64]))
@@ -157,14 +178,29 @@ def measure(run_dir: str | Path, grad_bytes: float | None = None, critical_batch
         e_target = e_min * (1.0 + batch / crit)
         sources["env_steps_to_target"] = f"{len(points)} trial(s) reached return {target:g}"
     else:
-        sources["env_steps_to_target"] = (f"no trial reached return {target:g}: time and cost to target unknown"
-                                          if target is not None else "the run has no target return (--target)")
-    m = Measured(algo=str(algo.get("name", "PPO")), batch_per_learner=per_learner, minibatch=minibatch,
-                 epochs=int(algo.get("epochs", 1)), learners=learners, env_runners=res.env_runners,
-                 sample_s=sample_s * batch / sampled if sampled > 0 else sample_s, learn_s=learn_s,
-                 grad_bytes=float(grad_bytes), cpus_per_env_runner=res.cpus_per_env_runner,
-                 cpus_per_learner=res.cpus_per_learner, env_steps_to_target=e_target, critical_batch=crit)
+        sources["env_steps_to_target"] = (
+            f"no trial reached return {target:g}: time and cost to target unknown"
+            if target is not None
+            else "the run has no target return (--target)"
+        )
+    m = Measured(
+        algo=str(algo.get("name", "PPO")),
+        batch_per_learner=per_learner,
+        minibatch=minibatch,
+        epochs=int(algo.get("epochs", 1)),
+        learners=learners,
+        env_runners=res.env_runners,
+        sample_s=sample_s * batch / sampled if sampled > 0 else sample_s,
+        learn_s=learn_s,
+        grad_bytes=float(grad_bytes),
+        cpus_per_env_runner=res.cpus_per_env_runner,
+        cpus_per_learner=res.cpus_per_learner,
+        env_steps_to_target=e_target,
+        critical_batch=crit,
+    )
     if not (math.isfinite(m.sample_s) and m.sample_s > 0 and math.isfinite(m.learn_s) and m.learn_s > 0):
-        raise RunFolderError(f"{run.path}: trial {trial}'s timers give sample {sample_s!r} s and learn {learn_s!r} s "
-                             "per iteration; both must be positive. The progress.csv is damaged.")
+        raise RunFolderError(
+            f"{run.path}: trial {trial}'s timers give sample {sample_s!r} s and learn {learn_s!r} s "
+            "per iteration; both must be positive. The progress.csv is damaged."
+        )
     return m, sources

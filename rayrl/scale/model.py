@@ -33,14 +33,14 @@ class Measured:
     """What one run measured (see rayrl.scale.measure), in plain numbers."""
 
     algo: str
-    batch_per_learner: int        #: env steps per learner per iteration
+    batch_per_learner: int  #: env steps per learner per iteration
     minibatch: int
     epochs: int
-    learners: int                 #: learners in the measured run (0: the trial's process, counts as 1)
-    env_runners: int              #: env runners in the measured run (0: the trial's process, counts as 1)
-    sample_s: float               #: seconds per iteration sampling (RLlib's env_runner_sampling_timer)
-    learn_s: float                #: seconds per iteration in the learner update (learner_update_timer)
-    grad_bytes: float             #: bytes all-reduced per optimizer step (parameters x 4 in fp32)
+    learners: int  #: learners in the measured run (0: the trial's process, counts as 1)
+    env_runners: int  #: env runners in the measured run (0: the trial's process, counts as 1)
+    sample_s: float  #: seconds per iteration sampling (RLlib's env_runner_sampling_timer)
+    learn_s: float  #: seconds per iteration in the learner update (learner_update_timer)
+    grad_bytes: float  #: bytes all-reduced per optimizer step (parameters x 4 in fp32)
     cpus_per_env_runner: float = 1.0
     cpus_per_learner: float = 1.0
     env_steps_to_target: float | None = None  #: at the measured global batch; None: target not reached
@@ -76,12 +76,12 @@ class Point:
     cpu_nodes: int
     env_runners: int
     global_batch: int
-    allreduce_s: float            #: one all-reduce of the gradient
-    allreduce_algo: str           #: ring, tree or none
-    learner_s: float              #: per iteration, compute + all-reduces
-    sample_s: float               #: per iteration
+    allreduce_s: float  #: one all-reduce of the gradient
+    allreduce_algo: str  #: ring, tree or none
+    learner_s: float  #: per iteration, compute + all-reduces
+    sample_s: float  #: per iteration
     env_steps_per_s: float
-    efficiency: float             #: throughput / (N x throughput at 1)
+    efficiency: float  #: throughput / (N x throughput at 1)
     usd_per_hour: float
     usd_per_million_samples: float
     env_steps_to_target: float | None
@@ -169,10 +169,25 @@ def predict(m: Measured, cluster: ClusterSpec, prices: CostSpec, n: int, env_run
         steps = env_steps_to_target(batch, e_min, m.critical_batch)
         hours = steps / steps_per_s / cost.SECONDS_PER_HOUR
         usd = usd_h * hours
-    return Point(gpus=n, nodes=gpu_nodes + cpu_nodes, gpu_nodes=gpu_nodes, cpu_nodes=cpu_nodes, env_runners=runners,
-                 global_batch=batch, allreduce_s=ar, allreduce_algo=algo, learner_s=learner_s, sample_s=sample_s,
-                 env_steps_per_s=steps_per_s, efficiency=steps_per_s / (n * one), usd_per_hour=usd_h,
-                 usd_per_million_samples=usd_m, env_steps_to_target=steps, hours_to_target=hours, usd_to_target=usd)
+    return Point(
+        gpus=n,
+        nodes=gpu_nodes + cpu_nodes,
+        gpu_nodes=gpu_nodes,
+        cpu_nodes=cpu_nodes,
+        env_runners=runners,
+        global_batch=batch,
+        allreduce_s=ar,
+        allreduce_algo=algo,
+        learner_s=learner_s,
+        sample_s=sample_s,
+        env_steps_per_s=steps_per_s,
+        efficiency=steps_per_s / (n * one),
+        usd_per_hour=usd_h,
+        usd_per_million_samples=usd_m,
+        env_steps_to_target=steps,
+        hours_to_target=hours,
+        usd_to_target=usd,
+    )
 
 
 def prices_for(cluster: ClusterSpec, run_prices: CostSpec) -> CostSpec:
@@ -180,7 +195,8 @@ def prices_for(cluster: ClusterSpec, run_prices: CostSpec) -> CostSpec:
     return CostSpec(
         gpu_hour_usd=run_prices.gpu_hour_usd if cluster.gpu_hour_usd is None else cluster.gpu_hour_usd,
         cpu_hour_usd=run_prices.cpu_hour_usd if cluster.cpu_hour_usd is None else cluster.cpu_hour_usd,
-        spot_discount=run_prices.spot_discount if cluster.spot_discount is None else cluster.spot_discount)
+        spot_discount=run_prices.spot_discount if cluster.spot_discount is None else cluster.spot_discount,
+    )
 
 
 def sizes(up_to: int) -> list[int]:

@@ -9,8 +9,8 @@ per second is worth less once the global batch is past the critical batch), else
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 from rayrl.scale.model import Point
 
@@ -25,8 +25,8 @@ class Step:
     to_gpus: int
     factor: float
     predicted_gain: float
-    gain_of: str          #: "hours_to_target" or "env_steps_per_s"
-    decision: str         #: "grow" (predicted to pass the gate) or "stop" (predicted to fail it)
+    gain_of: str  #: "hours_to_target" or "env_steps_per_s"
+    decision: str  #: "grow" (predicted to pass the gate) or "stop" (predicted to fail it)
     gate: str
 
     def as_dict(self) -> dict:
@@ -47,14 +47,25 @@ def schedule(points: Sequence[Point], min_gain: float = MIN_GAIN, max_factor: fl
     for i, (prev, nxt) in enumerate(zip(points, points[1:]), start=1):
         factor = nxt.gpus / prev.gpus
         if factor > max_factor or factor <= 1.0:
-            raise ValueError(f"schedule: {prev.gpus} -> {nxt.gpus} GPUs is a x{factor:g} step; each step must grow "
-                             f"by more than x1 and at most x{max_factor:g}.")
+            raise ValueError(
+                f"schedule: {prev.gpus} -> {nxt.gpus} GPUs is a x{factor:g} step; each step must grow "
+                f"by more than x1 and at most x{max_factor:g}."
+            )
         g, of = gain(prev, nxt)
         decision = "grow" if g >= min_gain else "stop"
-        steps.append(Step(step=i, from_gpus=prev.gpus, to_gpus=nxt.gpus, factor=factor, predicted_gain=g,
-                          gain_of=of, decision=decision,
-                          gate=f"measure {of} at {nxt.gpus} GPUs; keep the step only if it gains >= "
-                          f"{min_gain:.0%} over {prev.gpus}, else go back to {prev.gpus} and stop"))
+        steps.append(
+            Step(
+                step=i,
+                from_gpus=prev.gpus,
+                to_gpus=nxt.gpus,
+                factor=factor,
+                predicted_gain=g,
+                gain_of=of,
+                decision=decision,
+                gate=f"measure {of} at {nxt.gpus} GPUs; keep the step only if it gains >= "
+                f"{min_gain:.0%} over {prev.gpus}, else go back to {prev.gpus} and stop",
+            )
+        )
         if decision == "stop":
             break
     return steps

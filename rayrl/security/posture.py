@@ -17,7 +17,7 @@ LOOPBACK = ("127.", "::1")
 
 def _auth_mode() -> str:
     try:
-        from ray._raylet import AuthenticationMode, get_authentication_mode
+        from ray._raylet import AuthenticationMode, get_authentication_mode  # type: ignore[attr-defined]
 
         return "token" if get_authentication_mode() == AuthenticationMode.TOKEN else "disabled"
     except Exception:  # an older Ray without the call: say so rather than guess
@@ -34,7 +34,7 @@ def _ray_listeners() -> list[dict[str, Any]]:
         name = proc.info.get("name") or ""
         if name in ("raylet", "gcs_server") or name.startswith("ray::") or "/ray/" in cmd or "ray." in cmd:
             names[proc.info["pid"]] = name
-    out = []
+    out: list[dict[str, Any]] = []
     try:
         conns = psutil.net_connections(kind="tcp")
     except psutil.AccessDenied:
@@ -49,17 +49,24 @@ def _storage(run_dir: Path, storage: str) -> dict[str, Any]:
     if "://" in storage:
         return {"kind": "object store", "uri": storage}
     st = os.lstat(run_dir)
-    return {"kind": "local", "owner_uid": st.st_uid, "mode": oct(stat.S_IMODE(st.st_mode)),
-            "is_owner": st.st_uid == os.getuid(), "group_or_world_writable":
-            bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)), "symlink": stat.S_ISLNK(st.st_mode)}
+    return {
+        "kind": "local",
+        "owner_uid": st.st_uid,
+        "mode": oct(stat.S_IMODE(st.st_mode)),
+        "is_owner": st.st_uid == os.getuid(),
+        "group_or_world_writable": bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)),
+        "symlink": stat.S_ISLNK(st.st_mode),
+    }
 
 
 def record(run_dir: Path, storage: str) -> dict[str, Any]:
     """posture.json's content; call after Ray is up (it reads the running Ray's auth mode)."""
-    return {"auth_mode": _auth_mode(),
-            "tls": os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"),
-            "listeners": _ray_listeners(),
-            "storage": _storage(run_dir, storage)}
+    return {
+        "auth_mode": _auth_mode(),
+        "tls": os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"),
+        "listeners": _ray_listeners(),
+        "storage": _storage(run_dir, storage),
+    }
 
 
 def off_loopback(listeners: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -23,8 +23,9 @@ def check_name(name: str, field: str = "--name") -> None:
     """Refuse a run name with any control character (Unicode category Cc: NUL, ESC, DEL, C1, ...)."""
     bad = sorted({f"U+{ord(c):04X}" for c in name if unicodedata.category(c) == "Cc"})
     if bad:
-        raise SpecError(f"{field}: {name!r} contains control characters ({', '.join(bad)}); use letters, digits, "
-                        "'-', '_' or '.'.")
+        raise SpecError(
+            f"{field}: {name!r} contains control characters ({', '.join(bad)}); use letters, digits, '-', '_' or '.'."
+        )
 
 
 def check_run_dir(run_dir: Path, allow_shared: bool = False) -> None:
@@ -39,20 +40,26 @@ def check_run_dir(run_dir: Path, allow_shared: bool = False) -> None:
     except (FileNotFoundError, NotADirectoryError):  # nothing there yet: resolve() creates it
         return
     if stat.S_ISLNK(st.st_mode):
-        raise SpecError(f"--storage/--name: the run folder {str(run_dir)!r} is a symbolic link (to "
-                        f"{os.readlink(run_dir)!r}); rayrl never follows one, since whoever controls the link "
-                        "chooses what rayrl unpickles and writes. Give the real folder as --storage, or remove "
-                        "the link.")
+        raise SpecError(
+            f"--storage/--name: the run folder {str(run_dir)!r} is a symbolic link (to "
+            f"{os.readlink(run_dir)!r}); rayrl never follows one, since whoever controls the link "
+            "chooses what rayrl unpickles and writes. Give the real folder as --storage, or remove "
+            "the link."
+        )
     if not stat.S_ISDIR(st.st_mode):
         raise SpecError(f"--storage/--name: {str(run_dir)!r} exists and is not a folder; choose another --name.")
     if allow_shared:
         return
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise SpecError(f"--storage/--name: the run folder {str(run_dir)!r} belongs to user id {st.st_uid}, not to "
-                        f"you ({os.getuid()}); resuming it would run what that user wrote there (pickled state, "
-                        f"env code). Use your own folder, or pass {ALLOW_FLAG} if you trust that user.")
+        raise SpecError(
+            f"--storage/--name: the run folder {str(run_dir)!r} belongs to user id {st.st_uid}, not to "
+            f"you ({os.getuid()}); resuming it would run what that user wrote there (pickled state, "
+            f"env code). Use your own folder, or pass {ALLOW_FLAG} if you trust that user."
+        )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         who = "everyone" if st.st_mode & stat.S_IWOTH else "its group"
-        raise SpecError(f"--storage/--name: the run folder {str(run_dir)!r} is writable by {who} (mode "
-                        f"{stat.S_IMODE(st.st_mode):o}); anyone who can write it can make rayrl run code. "
-                        f"`chmod go-w {run_dir}`, or pass {ALLOW_FLAG} if the folder is shared on purpose.")
+        raise SpecError(
+            f"--storage/--name: the run folder {str(run_dir)!r} is writable by {who} (mode "
+            f"{stat.S_IMODE(st.st_mode):o}); anyone who can write it can make rayrl run code. "
+            f"`chmod go-w {run_dir}`, or pass {ALLOW_FLAG} if the folder is shared on purpose."
+        )

@@ -11,8 +11,9 @@ import difflib
 import math
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -56,9 +57,10 @@ def _convert(path: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpecError(f"{path}: {value!r} is not a number; expected {_describe(tp)}.")
-        if isinstance(value, int) and abs(value) >= 2 ** 1023:  # float() would raise OverflowError
-            raise SpecError(f"{path}: an integer of {len(str(abs(value)))} digits is too large; expected a "
-                            "finite number.")
+        if isinstance(value, int) and abs(value) >= 2**1023:  # float() would raise OverflowError
+            raise SpecError(
+                f"{path}: an integer of {len(str(abs(value)))} digits is too large; expected a finite number."
+            )
         value = float(value)
         if not math.isfinite(value):
             raise SpecError(f"{path}: {value!r} is not finite; expected a finite number.")
@@ -90,13 +92,18 @@ def _convert(path: str, value: Any, tp: Any, meta: Mapping[str, Any]) -> Any:
 
 def _check_range(path: str, value: Any, meta: Mapping[str, Any]) -> None:
     if "choices" in meta and value not in meta["choices"]:
-        near = [c for c in meta["choices"] if c.lower() == str(value).lower()] or \
-            difflib.get_close_matches(str(value), meta["choices"], n=1, cutoff=0.4)
+        near = [c for c in meta["choices"] if c.lower() == str(value).lower()] or difflib.get_close_matches(
+            str(value), meta["choices"], n=1, cutoff=0.4
+        )
         hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise SpecError(f"{path}: {value!r} is not valid{hint}; valid: {', '.join(meta['choices'])}.")
-    bounds = [("min", ">=", lambda v, b: v >= b), ("ge", ">=", lambda v, b: v >= b),
-              ("gt", ">", lambda v, b: v > b), ("le", "<=", lambda v, b: v <= b),
-              ("lt", "<", lambda v, b: v < b)]
+    bounds = [
+        ("min", ">=", lambda v, b: v >= b),
+        ("ge", ">=", lambda v, b: v >= b),
+        ("gt", ">", lambda v, b: v > b),
+        ("le", "<=", lambda v, b: v <= b),
+        ("lt", "<", lambda v, b: v < b),
+    ]
     for key, op, ok in bounds:
         if key in meta and isinstance(value, (int, float)) and not ok(value, meta[key]):
             raise SpecError(f"{path}: {value!r} is out of range; it must be {op} {meta[key]}.")
@@ -106,8 +113,10 @@ def build_section(cls: type, data: Any, path: str) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise SpecError(f"{path or 'spec'}: {data!r} is not a mapping; expected a section of key: value "
-                        f"pairs with keys {', '.join(f.name for f in dataclasses.fields(cls))}.")
+        raise SpecError(
+            f"{path or 'spec'}: {data!r} is not a mapping; expected a section of key: value "
+            f"pairs with keys {', '.join(f.name for f in dataclasses.fields(cls))}."
+        )
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -118,8 +127,9 @@ def build_section(cls: type, data: Any, path: str) -> Any:
             hint = f"did you mean {near[0]!r}? " if near else ""
             if where in MOVED:
                 hint = f"it moved to {MOVED[where]}; "
-            raise SpecError(f"{where}: unknown key; {hint}valid keys{' in ' + path if path else ''}: "
-                            f"{', '.join(fields)}.")
+            raise SpecError(
+                f"{where}: unknown key; {hint}valid keys{' in ' + path if path else ''}: {', '.join(fields)}."
+            )
         kwargs[key] = _convert(where, value, hints[key], fields[key].metadata)
     return cls(**kwargs)
 
@@ -135,24 +145,31 @@ def validate(spec: Spec) -> None:
     """Cross-field rules that single fields cannot express."""
     a, s = spec.algo, spec.search
     if a.minibatch_size > a.train_batch_per_learner:
-        raise SpecError(f"algo.minibatch_size: {a.minibatch_size} is larger than algo.train_batch_per_learner "
-                        f"({a.train_batch_per_learner}); it must be at most the train batch.")
+        raise SpecError(
+            f"algo.minibatch_size: {a.minibatch_size} is larger than algo.train_batch_per_learner "
+            f"({a.train_batch_per_learner}); it must be at most the train batch."
+        )
     if spec.stop.env_steps is None and spec.stop.episode_return is None and spec.stop.wall_s is None:
-        raise SpecError("stop: env_steps, episode_return and wall_s are all null; set at least one so the run "
-                        "ends.")
+        raise SpecError("stop: env_steps, episode_return and wall_s are all null; set at least one so the run ends.")
     if s.lr_min >= s.lr_max:
-        raise SpecError(f"search.lr_min: {s.lr_min} is not below search.lr_max ({s.lr_max}); the lr range "
-                        "must be non-empty.")
+        raise SpecError(
+            f"search.lr_min: {s.lr_min} is not below search.lr_max ({s.lr_max}); the lr range must be non-empty."
+        )
     if s.doubling.cap < s.doubling.start:
-        raise SpecError(f"search.doubling.cap: {s.doubling.cap} is below search.doubling.start "
-                        f"({s.doubling.start}); the cap must admit the first rung.")
+        raise SpecError(
+            f"search.doubling.cap: {s.doubling.cap} is below search.doubling.start "
+            f"({s.doubling.start}); the cap must admit the first rung."
+        )
     if s.grace_env_steps > s.max_env_steps:
-        raise SpecError(f"search.grace_env_steps: {s.grace_env_steps} exceeds search.max_env_steps "
-                        f"({s.max_env_steps}); the grace period must fit in the budget.")
-    if spec.resources.gpus_per_learner > 0 and spec.resources.learners == 0 and \
-            spec.resources.gpus_per_learner != 1:
-        raise SpecError(f"resources.gpus_per_learner: {spec.resources.gpus_per_learner} with learners: 0; "
-                        "the local learner takes 0 or 1 GPU.")
+        raise SpecError(
+            f"search.grace_env_steps: {s.grace_env_steps} exceeds search.max_env_steps "
+            f"({s.max_env_steps}); the grace period must fit in the budget."
+        )
+    if spec.resources.gpus_per_learner > 0 and spec.resources.learners == 0 and spec.resources.gpus_per_learner != 1:
+        raise SpecError(
+            f"resources.gpus_per_learner: {spec.resources.gpus_per_learner} with learners: 0; "
+            "the local learner takes 0 or 1 GPU."
+        )
     preflight.check_conv_filters(spec.model.conv_filters)
     preflight.check_env(spec.env.id)
     preflight.check_backend(spec.env)
@@ -161,8 +178,10 @@ def validate(spec: Spec) -> None:
     if pop.size == 1:
         raise SpecError("population.size: 1 is not a population; give 0 (one trial) or 2 or more (PBT).")
     if pop.entropy_min > pop.entropy_max:
-        raise SpecError(f"population.entropy_min: {pop.entropy_min} is above population.entropy_max "
-                        f"({pop.entropy_max}); the entropy range must be non-empty.")
+        raise SpecError(
+            f"population.entropy_min: {pop.entropy_min} is above population.entropy_max "
+            f"({pop.entropy_max}); the entropy range must be non-empty."
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,8 +196,10 @@ def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
 def read_yaml(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
-        raise SpecError(f"--config: {str(p)!r} does not exist or is not a file; give a YAML spec such as "
-                        "experiments/configs/cartpole_ppo.yaml.")
+        raise SpecError(
+            f"--config: {str(p)!r} does not exist or is not a file; give a YAML spec such as "
+            "experiments/configs/cartpole_ppo.yaml."
+        )
     try:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
@@ -188,8 +209,10 @@ def read_yaml(path: str | Path) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise SpecError(f"--config: {str(p)!r} holds {type(data).__name__}, not a mapping of sections "
-                        f"({', '.join(f.name for f in dataclasses.fields(Spec))}).")
+        raise SpecError(
+            f"--config: {str(p)!r} holds {type(data).__name__}, not a mapping of sections "
+            f"({', '.join(f.name for f in dataclasses.fields(Spec))})."
+        )
     return data
 
 
@@ -211,7 +234,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: list[str] | tuple[str, .
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise SpecError(f"--set {key}: {'.'.join(parts[:i + 1])} is a value, not a section.")
+                raise SpecError(f"--set {key}: {'.'.join(parts[: i + 1])} is a value, not a section.")
             node = child
         node[parts[-1]] = value
     return out
@@ -235,8 +258,9 @@ def dumps(spec: Spec) -> str:
     return yaml.safe_dump(to_dict(spec), sort_keys=False)
 
 
-def replace(spec: Spec, **sections: Mapping[str, Any]) -> Spec:
-    """A copy of ``spec`` with some fields of some sections changed, validated again."""
+def replace(spec: Spec, **sections: Any) -> Spec:
+    """A copy of ``spec`` with some fields of some sections changed (a mapping per section, or a value
+    for a top-level field such as ``name``), validated again."""
     data = to_dict(spec)
     for section, changes in sections.items():
         if isinstance(changes, Mapping):
@@ -244,5 +268,3 @@ def replace(spec: Spec, **sections: Mapping[str, Any]) -> Spec:
         else:
             data[section] = changes
     return from_dict(data)
-
-

@@ -21,9 +21,11 @@ def check_tracking(t: TrackingSpec) -> None:
 
     uri = t.mlflow.tracking_uri
     if uri and "@" in urlsplit(uri).netloc:
-        raise SpecError("tracking.mlflow.tracking_uri: the URI carries a user or password; credentials never go "
-                        "in the spec (it is copied to the run folder): give the URI without them and set "
-                        "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN).")
+        raise SpecError(
+            "tracking.mlflow.tracking_uri: the URI carries a user or password; credentials never go "
+            "in the spec (it is copied to the run folder): give the URI without them and set "
+            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)."
+        )
     if t.mlflow.enabled:
         require("mlflow", "tracking", "tracking.mlflow.enabled")
     if t.wandb.enabled:
@@ -37,17 +39,23 @@ def check_backend(env: EnvSpec) -> None:
     if env.backend != "envpool":
         return
     if env.runner != "fast":
-        raise SpecError(f"env.backend: 'envpool' with env.runner {env.runner!r}; EnvPool is stepped by the fast "
-                        "runner only: set env.runner: fast or env.backend: gymnasium.")
+        raise SpecError(
+            f"env.backend: 'envpool' with env.runner {env.runner!r}; EnvPool is stepped by the fast "
+            "runner only: set env.runner: fast or env.backend: gymnasium."
+        )
     missing = envpool_missing()
     if missing:
-        raise SpecError(f"env.backend: 'envpool' cannot be imported here ({missing}); pip install envpool, or "
-                        "set env.backend: gymnasium.")
+        raise SpecError(
+            f"env.backend: 'envpool' cannot be imported here ({missing}); pip install envpool, or "
+            "set env.backend: gymnasium."
+        )
     if env.id not in envpool_ids():
         near = difflib.get_close_matches(env.id, envpool_ids(), n=1, cutoff=0.6)
         hint = f"did you mean {near[0]!r}? " if near else ""
-        raise SpecError(f"env.backend: 'envpool' has no env {env.id!r}; {hint}give an id EnvPool implements "
-                        "(envpool.list_all_envs()) or set env.backend: gymnasium.")
+        raise SpecError(
+            f"env.backend: 'envpool' has no env {env.id!r}; {hint}give an id EnvPool implements "
+            "(envpool.list_all_envs()) or set env.backend: gymnasium."
+        )
 
 
 def check_conv_filters(filters: list | None) -> None:
@@ -55,15 +63,21 @@ def check_conv_filters(filters: list | None) -> None:
     if filters is None:
         return
     for i, layer in enumerate(filters):
-        ok = (isinstance(layer, (list, tuple)) and len(layer) in (3, 4) and isinstance(layer[1], (list, tuple))
-              and len(layer[1]) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                             for v in (layer[0], *layer[1], layer[2]))
-              and (len(layer) == 3 or layer[3] in ("same", "valid")))
+        ok = (
+            isinstance(layer, (list, tuple))
+            and len(layer) in (3, 4)
+            and isinstance(layer[1], (list, tuple))
+            and len(layer[1]) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (layer[0], *layer[1], layer[2]))
+            and (len(layer) == 3 or layer[3] in ("same", "valid"))
+        )
         if not ok:
-            raise SpecError(f"model.conv_filters[{i}]: {layer!r} is not a layer; each layer is [out_channels, "
-                            "[kernel_h, kernel_w], stride] of positive integers with an optional padding, same "
-                            "or valid, e.g. [16, [8, 8], 4] or [256, [11, 11], 1, valid]; null takes the default "
-                            "for the image size.")
+            raise SpecError(
+                f"model.conv_filters[{i}]: {layer!r} is not a layer; each layer is [out_channels, "
+                "[kernel_h, kernel_w], stride] of positive integers with an optional padding, same "
+                "or valid, e.g. [16, [8, 8], 4] or [256, [11, 11], 1, valid]; null takes the default "
+                "for the image size."
+            )
 
 
 def check_env(env_id: str) -> None:
@@ -84,14 +98,15 @@ def check_env(env_id: str) -> None:
     if env_id not in gymnasium.registry:
         near = difflib.get_close_matches(env_id, list(gymnasium.registry), n=1, cutoff=0.6)
         hint = f"did you mean {near[0]!r}? " if near else ""
-        raise SpecError(f"env.id: {env_id!r} is not a registered gymnasium env; {hint}give a gymnasium id "
-                        "(e.g. CartPole-v1) or a factory as 'package.module:function'.")
+        raise SpecError(
+            f"env.id: {env_id!r} is not a registered gymnasium env; {hint}give a gymnasium id "
+            "(e.g. CartPole-v1) or a factory as 'package.module:function'."
+        )
 
 
 def resolve_factory(target: str) -> Any:
     """Import 'package.module:function'; the function builds the env from env_config."""
-    return import_callable(target, "env.id", "'package.module:function' importable on every node, or a "
-                           "gymnasium id")
+    return import_callable(target, "env.id", "'package.module:function' importable on every node, or a gymnasium id")
 
 
 def import_callable(target: str, field_name: str, expected: str) -> Any:

@@ -7,14 +7,9 @@ section is checked against, field by field (tests/test_readme.py).
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import importlib
 import math
-import types
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -36,31 +31,47 @@ WANDB_MODES = ("online", "offline")
 def doc(default: Any, text: str, **kw: Any) -> Any:
     """A dataclass field with its documentation attached (read by `rayrl spec` and the docs)."""
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": text, **kw})
+
+        def copy(d: Any = default) -> Any:  # each instance its own list or dict
+            return type(d)(d)
+
+        return field(default_factory=copy, metadata={"doc": text, **kw})
     return field(default=default, metadata={"doc": text, **kw})
 
 
 @dataclass(frozen=True)
 class EnvSpec:
-    id: str = doc("CartPole-v1", "gymnasium id (e.g. CartPole-v1, ALE/Pong-v5) or a factory "
-                  "'package.module:function' that takes env_config and returns a gymnasium.Env")
+    id: str = doc(
+        "CartPole-v1",
+        "gymnasium id (e.g. CartPole-v1, ALE/Pong-v5) or a factory "
+        "'package.module:function' that takes env_config and returns a gymnasium.Env",
+    )
     config: dict = doc({}, "keyword arguments for the env (gymnasium.make kwargs, or the factory's env_config)")
     envs_per_runner: int = doc(8, "vectorised envs stepped by each env runner", min=1)
-    runner: str = doc("rllib", "env runner: rllib (RLlib's SingleAgentEnvRunner) or fast (rayrl.sampling's tight "
-                      "loop for stateless policies, falling back to RLlib's loop for recurrent ones; opt-in: "
-                      "measured on CartPole and Hopper, see docs/sampling.md)", choices=RUNNERS)
-    backend: str = doc("gymnasium", "vectorised env of the fast runner: gymnasium (its numpy-vectorised version "
-                       "when it has one) or envpool (needs the envpool package and an EnvPool id)",
-                       choices=ENV_BACKENDS)
+    runner: str = doc(
+        "rllib",
+        "env runner: rllib (RLlib's SingleAgentEnvRunner) or fast (rayrl.sampling's tight "
+        "loop for stateless policies, falling back to RLlib's loop for recurrent ones; opt-in: "
+        "measured on CartPole and Hopper, see docs/sampling.md)",
+        choices=RUNNERS,
+    )
+    backend: str = doc(
+        "gymnasium",
+        "vectorised env of the fast runner: gymnasium (its numpy-vectorised version "
+        "when it has one) or envpool (needs the envpool package and an EnvPool id)",
+        choices=ENV_BACKENDS,
+    )
 
 
 @dataclass(frozen=True)
 class AlgoSpec:
     name: str = doc("PPO", "RLlib algorithm on the new API stack: PPO, APPO or IMPALA", choices=ALGORITHMS)
-    lr: float = doc(3e-4, "learning rate for one learner (scaled by resources.lr_scaling when learners > 1)",
-                    gt=0.0, le=1.0)
-    train_batch_per_learner: int = doc(2048, "env steps per training batch per learner "
-                                       "(global batch = this x max(learners, 1))", min=1)
+    lr: float = doc(
+        3e-4, "learning rate for one learner (scaled by resources.lr_scaling when learners > 1)", gt=0.0, le=1.0
+    )
+    train_batch_per_learner: int = doc(
+        2048, "env steps per training batch per learner (global batch = this x max(learners, 1))", min=1
+    )
     minibatch_size: int = doc(256, "SGD minibatch size, env steps; at most train_batch_per_learner", min=1)
     epochs: int = doc(6, "passes over each training batch", min=1)
     gamma: float = doc(0.99, "discount factor", ge=0.0, le=1.0)
@@ -72,22 +83,28 @@ class AlgoSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    hidden: list = doc([64, 64], "hidden layer sizes of the policy/value MLP (after the CNN/LSTM, if any)",
-                       item=int)
+    hidden: list = doc([64, 64], "hidden layer sizes of the policy/value MLP (after the CNN/LSTM, if any)", item=int)
     activation: str = doc("tanh", "MLP activation", choices=ACTIVATIONS)
-    conv_filters: list | None = doc(None, "CNN for image observations: [[out_channels, [kernel_h, kernel_w], "
-                                    "stride, padding (optional: same or valid; default same)], ...]; null: "
-                                    "RLlib's default for the image size; ALE ids: [[16, [8, 8], 4], [32, [4, 4], "
-                                    "2], [256, [11, 11], 1, valid]]")
+    conv_filters: list | None = doc(
+        None,
+        "CNN for image observations: [[out_channels, [kernel_h, kernel_w], "
+        "stride, padding (optional: same or valid; default same)], ...]; null: "
+        "RLlib's default for the image size; ALE ids: [[16, [8, 8], 4], [32, [4, 4], "
+        "2], [256, [11, 11], 1, valid]]",
+    )
     conv_activation: str = doc("relu", "CNN activation", choices=ACTIVATIONS)
     lstm: bool = doc(False, "put an LSTM after the encoder (memory for partially observed envs)")
     lstm_cell_size: int = doc(256, "LSTM cell size", min=1)
     max_seq_len: int = doc(20, "LSTM: steps per training sequence (backprop through time)", min=1)
     vf_share_layers: bool = doc(False, "policy and value function share the encoder (true is usual for CNNs)")
-    normalize_obs: bool = doc(False, "normalise observations by a running mean and std (RLlib's MeanStdFilter "
-                              "connector; its state is checkpointed and synced to the env runners)")
-    free_log_std: bool = doc(False, "continuous actions: the Gaussian's log std is a learned parameter, not "
-                             "an output of the network")
+    normalize_obs: bool = doc(
+        False,
+        "normalise observations by a running mean and std (RLlib's MeanStdFilter "
+        "connector; its state is checkpointed and synced to the env runners)",
+    )
+    free_log_std: bool = doc(
+        False, "continuous actions: the Gaussian's log std is a learned parameter, not an output of the network"
+    )
 
 
 @dataclass(frozen=True)
@@ -95,35 +112,57 @@ class EvaluationSpec:
     interval: int = doc(0, "evaluate every N training iterations; 0 turns evaluation off", min=0)
     episodes: int = doc(10, "episodes per evaluation", min=1)
     deterministic: bool = doc(True, "evaluate the greedy policy (exploration off)")
-    env_runners: int = doc(0, "EnvRunner actors of its own for evaluation; 0 evaluates in the trial's process",
-                           min=0)
-    judge: str = doc("evaluation", "when evaluation is on, the return that ranks phase-2 trials (scheduler, "
-                     "searcher, best trial, best_config.yaml), stops a run (stop.episode_return) and the report's "
-                     "reward part judges: evaluation or training", choices=JUDGES)
+    env_runners: int = doc(0, "EnvRunner actors of its own for evaluation; 0 evaluates in the trial's process", min=0)
+    judge: str = doc(
+        "evaluation",
+        "when evaluation is on, the return that ranks phase-2 trials (scheduler, "
+        "searcher, best trial, best_config.yaml), stops a run (stop.episode_return) and the report's "
+        "reward part judges: evaluation or training",
+        choices=JUDGES,
+    )
 
 
 @dataclass(frozen=True)
 class ResourcesSpec:
     env_runners: int = doc(1, "remote EnvRunner actors; 0 samples in the trial's own process", min=0)
-    learners: int = doc(0, "remote Learner actors on Ray Train's Torch backend; 0 learns in the trial's "
-                        "process, >= 2 runs DDP (NCCL on GPUs, gloo on CPUs)", min=0)
+    learners: int = doc(
+        0,
+        "remote Learner actors on Ray Train's Torch backend; 0 learns in the trial's "
+        "process, >= 2 runs DDP (NCCL on GPUs, gloo on CPUs)",
+        min=0,
+    )
     gpus_per_learner: float = doc(0.0, "GPUs per learner (with learners: 0, a GPU for the local learner)", ge=0.0)
     cpus_per_learner: float = doc(1.0, "CPUs per learner", gt=0.0)
     cpus_per_env_runner: float = doc(1.0, "CPUs per env runner", gt=0.0)
-    custom_per_learner: dict = doc({}, "custom Ray resources each learner needs, e.g. {accelerator_type:H100: "
-                                   "0.001} to pin learners to a node type")
-    lr_scaling: str = doc("none", "how lr grows with learners > 1: none, linear (lr x n) or sqrt "
-                          "(lr x sqrt(n)); always applied explicitly and recorded", choices=LR_SCALING)
+    custom_per_learner: dict = doc(
+        {},
+        "custom Ray resources each learner needs, e.g. {accelerator_type:H100: 0.001} to pin learners to a node type",
+    )
+    lr_scaling: str = doc(
+        "none",
+        "how lr grows with learners > 1: none, linear (lr x n) or sqrt "
+        "(lr x sqrt(n)); always applied explicitly and recorded",
+        choices=LR_SCALING,
+    )
 
 
 @dataclass(frozen=True)
 class PrecisionSpec:
-    mode: str = doc("fp32", "learner precision: fp32, bf16 (autocast) or fp16 (autocast + dynamic loss "
-                    "scaling)", choices=PRECISIONS)
-    accumulation_steps: int = doc(1, "minibatches whose gradients are summed before one optimizer step "
-                                  "(effective minibatch = minibatch_size x this)", min=1)
-    max_nonfinite_steps: int = doc(10, "consecutive non-finite (NaN/Inf) steps, each skipped, after which "
-                                   "the trial fails so Tune restores the last checkpoint", min=1)
+    mode: str = doc(
+        "fp32", "learner precision: fp32, bf16 (autocast) or fp16 (autocast + dynamic loss scaling)", choices=PRECISIONS
+    )
+    accumulation_steps: int = doc(
+        1,
+        "minibatches whose gradients are summed before one optimizer step "
+        "(effective minibatch = minibatch_size x this)",
+        min=1,
+    )
+    max_nonfinite_steps: int = doc(
+        10,
+        "consecutive non-finite (NaN/Inf) steps, each skipped, after which "
+        "the trial fails so Tune restores the last checkpoint",
+        min=1,
+    )
 
 
 @dataclass(frozen=True)
@@ -137,22 +176,44 @@ class StopSpec:
 class CheckpointSpec:
     every: int = doc(5, "checkpoint every N training iterations (and at the end)", min=1)
     keep: int = doc(3, "checkpoints kept (the newest)", min=1)
-    max_failures: int = doc(10, "trial failures (preemptions, crashes) allowed within failure_window_s; each "
-                            "retries from the newest intact checkpoint; one more ends the run, resumably; "
-                            "-1 retries forever (sweep trials: retries over a trial's life)", min=-1)
-    failure_window_s: float = doc(3600.0, "the sliding window max_failures counts in, seconds (a budget by rate, "
-                                  "not over the run's life: a spot run survives a preemption an hour for days, "
-                                  "a crash loop ends in minutes)", gt=0.0)
-    tiered: bool = doc(True, "write each checkpoint to local_dir first and upload it to the storage in the "
-                       "background (training does not wait on the upload); false uploads before training goes on")
-    local_dir: str = doc("~/.rayrl/checkpoints", "tier-1 folder for checkpoints on each trial's node (a local "
-                         "SSD); restore prefers an intact copy here over downloading from storage")
-    preempt_grace_s: float = doc(25.0, "after a SIGTERM (spot reclaim, Kubernetes), the checkpoint of the "
-                                 "iteration in progress must be written within this; then the process exits "
-                                 "(AWS spot gives 120 s, GCP preemptible 30 s, Kubernetes "
-                                 "terminationGracePeriodSeconds, default 30 s)", gt=0.0)
-    hung_runner_s: float = doc(300.0, "restart an EnvRunner that has not answered for this long while the run "
-                               "waits on it (a hung env step); 0 turns the watchdog off", ge=0.0)
+    max_failures: int = doc(
+        10,
+        "trial failures (preemptions, crashes) allowed within failure_window_s; each "
+        "retries from the newest intact checkpoint; one more ends the run, resumably; "
+        "-1 retries forever (sweep trials: retries over a trial's life)",
+        min=-1,
+    )
+    failure_window_s: float = doc(
+        3600.0,
+        "the sliding window max_failures counts in, seconds (a budget by rate, "
+        "not over the run's life: a spot run survives a preemption an hour for days, "
+        "a crash loop ends in minutes)",
+        gt=0.0,
+    )
+    tiered: bool = doc(
+        True,
+        "write each checkpoint to local_dir first and upload it to the storage in the "
+        "background (training does not wait on the upload); false uploads before training goes on",
+    )
+    local_dir: str = doc(
+        "~/.rayrl/checkpoints",
+        "tier-1 folder for checkpoints on each trial's node (a local "
+        "SSD); restore prefers an intact copy here over downloading from storage",
+    )
+    preempt_grace_s: float = doc(
+        25.0,
+        "after a SIGTERM (spot reclaim, Kubernetes), the checkpoint of the "
+        "iteration in progress must be written within this; then the process exits "
+        "(AWS spot gives 120 s, GCP preemptible 30 s, Kubernetes "
+        "terminationGracePeriodSeconds, default 30 s)",
+        gt=0.0,
+    )
+    hung_runner_s: float = doc(
+        300.0,
+        "restart an EnvRunner that has not answered for this long while the run "
+        "waits on it (a hung env step); 0 turns the watchdog off",
+        ge=0.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -160,8 +221,7 @@ class DoublingSpec:
     start: int = doc(2048, "first rung: train batch per learner, env steps", min=1)
     factor: int = doc(2, "each rung multiplies the batch by this", min=2)
     cap: int = doc(16384, "largest rung; above 16384 sample efficiency falls (a larger cap warns)", min=1)
-    min_gain: float = doc(0.15, "keep doubling while a doubling raises env steps/s by at least this fraction",
-                          ge=0.0)
+    min_gain: float = doc(0.15, "keep doubling while a doubling raises env steps/s by at least this fraction", ge=0.0)
     warmup_iters: int = doc(1, "iterations of a rung not measured (start-up, JIT, caches)", min=0)
     measure_iters: int = doc(3, "measured iterations per rung; the rung's figure is their median", min=1)
 
@@ -171,33 +231,52 @@ class SearchSpec:
     doubling: DoublingSpec = doc(DoublingSpec(), "phase 1: the throughput ladder")
     scheduler: str = doc("asha", "phase 2 trial scheduler: asha or hyperband", choices=SCHEDULERS)
     num_samples: int = doc(8, "phase 2 trials (Optuna TPE proposals)", min=1)
-    max_env_steps: int = doc(200_000, "phase 2 budget per trial, env steps (the scheduler's time unit)",
-                             min=1)
+    max_env_steps: int = doc(200_000, "phase 2 budget per trial, env steps (the scheduler's time unit)", min=1)
     grace_env_steps: int = doc(40_000, "ASHA: env steps before a trial may be stopped", min=1)
     reduction_factor: float = doc(3.0, "ASHA/HyperBand reduction factor", gt=1.0)
     lr_min: float = doc(1e-5, "phase 2 lr search range, lower end (log-uniform)", gt=0.0)
     lr_max: float = doc(1e-3, "phase 2 lr search range, upper end", gt=0.0)
-    max_concurrent: int = doc(0, "phase 2 trials at once; 0 derives it from the cluster's CPUs and GPUs",
-                              min=0)
-    min_batch: int = doc(256, "phase 2 also searches batches below doubling.start, dividing by doubling.factor "
-                         "down to this (none if above the start): the ladder bounds the batch from above "
-                         "(throughput), sample efficiency decides below it", min=1)
-    confirm_top_k: int = doc(3, "confirmation: re-run the best k phase-2 configs on fresh seeds; 0 skips "
-                             "it (best_config.yaml is then phase 2's single best run)", min=0)
+    max_concurrent: int = doc(0, "phase 2 trials at once; 0 derives it from the cluster's CPUs and GPUs", min=0)
+    min_batch: int = doc(
+        256,
+        "phase 2 also searches batches below doubling.start, dividing by doubling.factor "
+        "down to this (none if above the start): the ladder bounds the batch from above "
+        "(throughput), sample efficiency decides below it",
+        min=1,
+    )
+    confirm_top_k: int = doc(
+        3,
+        "confirmation: re-run the best k phase-2 configs on fresh seeds; 0 skips "
+        "it (best_config.yaml is then phase 2's single best run)",
+        min=0,
+    )
     confirm_seeds: int = doc(3, "confirmation: fresh seeds per config (never used in phase 1 or 2)", min=1)
-    confirm_baseline: bool = doc(True, "confirmation: the spec's own batch and lr run too (candidate 'spec' "
-                                 "when not already among the top k), so the sweep ships a change only when "
-                                 "it beats its starting point on the same fresh seeds")
-    confirm_race: bool = doc(True, "confirmation: stop a run once its config can no longer win (its cost "
-                             "passed the lowest median known so far; 2x that for an even seed count) and "
-                             "start no more runs of it: the same choice, the losers cost less "
-                             "(confirm.csv's stopped: race)")
-    confirm_env_steps: int | None = doc(None, "confirmation: budget per run, env steps (a run stops at "
-                                        "stop.episode_return); null: search.max_env_steps, phase 2's budget, so "
-                                        "shrinking the search shrinks its confirmation too", min=1)
-    objective: str = doc("usd", "confirmation: the config with the lowest median cost to stop.episode_return "
-                         "wins; cost in usd (the cost section's prices), wall_s or env_steps",
-                         choices=OBJECTIVES)
+    confirm_baseline: bool = doc(
+        True,
+        "confirmation: the spec's own batch and lr run too (candidate 'spec' "
+        "when not already among the top k), so the sweep ships a change only when "
+        "it beats its starting point on the same fresh seeds",
+    )
+    confirm_race: bool = doc(
+        True,
+        "confirmation: stop a run once its config can no longer win (its cost "
+        "passed the lowest median known so far; 2x that for an even seed count) and "
+        "start no more runs of it: the same choice, the losers cost less "
+        "(confirm.csv's stopped: race)",
+    )
+    confirm_env_steps: int | None = doc(
+        None,
+        "confirmation: budget per run, env steps (a run stops at "
+        "stop.episode_return); null: search.max_env_steps, phase 2's budget, so "
+        "shrinking the search shrinks its confirmation too",
+        min=1,
+    )
+    objective: str = doc(
+        "usd",
+        "confirmation: the config with the lowest median cost to stop.episode_return "
+        "wins; cost in usd (the cost section's prices), wall_s or env_steps",
+        choices=OBJECTIVES,
+    )
 
 
 @dataclass(frozen=True)
@@ -209,63 +288,87 @@ class CostSpec:
 
 @dataclass(frozen=True)
 class AcceptanceSpec:
-    gpu_util_min: float = doc(0.90, "hardware: mean GPU utilisation after warm-up, at least (fraction)", ge=0.0,
-                              le=1.0)
+    gpu_util_min: float = doc(0.90, "hardware: mean GPU utilisation after warm-up, at least (fraction)", ge=0.0, le=1.0)
     mem_util_max: float = doc(0.95, "hardware: peak memory (GPU, else host), below (fraction)", ge=0.0, le=1.0)
-    net_util_max: float = doc(0.80, "hardware: peak NIC throughput / link speed, below (fraction)", ge=0.0,
-                              le=1.0)
-    env_steps_per_s: float | None = doc(None, "training: expected env steps/s; null: the ladder's rung at the "
-                                        "judged batch", gt=0.0)
-    env_steps_per_s_tolerance: float = doc(0.10, "training: measured may fall this fraction short of expected",
-                                           ge=0.0, lt=1.0)
-    loss_spike_k: float = doc(6.0, "training: a loss spike is a rise > median + k scaled MADs of the changes",
-                              gt=0.0)
+    net_util_max: float = doc(0.80, "hardware: peak NIC throughput / link speed, below (fraction)", ge=0.0, le=1.0)
+    env_steps_per_s: float | None = doc(
+        None, "training: expected env steps/s; null: the ladder's rung at the judged batch", gt=0.0
+    )
+    env_steps_per_s_tolerance: float = doc(
+        0.10, "training: measured may fall this fraction short of expected", ge=0.0, lt=1.0
+    )
+    loss_spike_k: float = doc(6.0, "training: a loss spike is a rise > median + k scaled MADs of the changes", gt=0.0)
     episode_return: float | None = doc(None, "reward: target return; null: stop.episode_return")
     return_cv_max: float = doc(0.10, "reward: coefficient of variation of the return, below", gt=0.0)
     return_cv_window: int = doc(10, "reward: ... over the last this many iterations", min=2)
-    cost_reduction_min: float = doc(0.10, "cost: cost per effective sample at least this far below the baseline",
-                                    ge=0.0, lt=1.0)
+    cost_reduction_min: float = doc(
+        0.10, "cost: cost per effective sample at least this far below the baseline", ge=0.0, lt=1.0
+    )
     recovery_s_max: float = doc(300.0, "fault tolerance: every drill recovers in under this many seconds", gt=0.0)
-    restore_rate_min: float = doc(1.0, "fault tolerance: fraction of checkpoint restores that must succeed",
-                                  ge=0.0, le=1.0)
+    restore_rate_min: float = doc(
+        1.0, "fault tolerance: fraction of checkpoint restores that must succeed", ge=0.0, le=1.0
+    )
     warmup_iters: int = doc(1, "first iterations of a trial not judged (start-up)", min=0)
 
 
 @dataclass(frozen=True)
 class MlflowSpec:
-    enabled: bool = doc(False, "log every trial to MLflow: one MLflow run per trial, params = the trial's spec "
-                        "values, metrics = rayrl's result keys (needs the tracking extra)")
-    tracking_uri: str | None = doc(None, "MLflow tracking URI (file:/abs/path, http://host:5000); null: "
-                                   "MLFLOW_TRACKING_URI or MLflow's default; credentials only from "
-                                   "MLFLOW_TRACKING_USERNAME/_PASSWORD/_TOKEN, never in the URI")
+    enabled: bool = doc(
+        False,
+        "log every trial to MLflow: one MLflow run per trial, params = the trial's spec "
+        "values, metrics = rayrl's result keys (needs the tracking extra)",
+    )
+    tracking_uri: str | None = doc(
+        None,
+        "MLflow tracking URI (file:/abs/path, http://host:5000); null: "
+        "MLFLOW_TRACKING_URI or MLflow's default; credentials only from "
+        "MLFLOW_TRACKING_USERNAME/_PASSWORD/_TOKEN, never in the URI",
+    )
     experiment: str | None = doc(None, "MLflow experiment name; null: the run name")
 
 
 @dataclass(frozen=True)
 class WandbSpec:
-    enabled: bool = doc(False, "log every trial to Weights & Biases, one W&B run per trial (needs the tracking "
-                        "extra; the API key only from WANDB_API_KEY or `wandb login`)")
+    enabled: bool = doc(
+        False,
+        "log every trial to Weights & Biases, one W&B run per trial (needs the tracking "
+        "extra; the API key only from WANDB_API_KEY or `wandb login`)",
+    )
     project: str | None = doc(None, "W&B project; null: WANDB_PROJECT, else the run name")
     group: str | None = doc(None, "W&B group; null: the run name and phase (e.g. cartpole-ppo/phase2)")
-    mode: str = doc("online", "online, or offline (writes the W&B run folder beside the trial, no network; "
-                    "`wandb sync` uploads it later)", choices=WANDB_MODES)
+    mode: str = doc(
+        "online",
+        "online, or offline (writes the W&B run folder beside the trial, no network; `wandb sync` uploads it later)",
+        choices=WANDB_MODES,
+    )
 
 
 @dataclass(frozen=True)
 class TrackingSpec:
-    tensorboard: bool = doc(True, "TensorBoard event files in every trial folder (Tune's TBX logger; rayrl's "
-                            "metrics also under rayrl/, by env steps)")
+    tensorboard: bool = doc(
+        True,
+        "TensorBoard event files in every trial folder (Tune's TBX logger; rayrl's "
+        "metrics also under rayrl/, by env steps)",
+    )
     mlflow: MlflowSpec = doc(MlflowSpec(), "MLflow (Tune's MLflowLoggerCallback)")
     wandb: WandbSpec = doc(WandbSpec(), "Weights & Biases (Tune's WandbLoggerCallback)")
 
 
 @dataclass(frozen=True)
 class PopulationSpec:
-    size: int = doc(0, "`rayrl train` trains this many trials together with Population Based Training (Tune's "
-                    "PopulationBasedTraining); 0: one trial", min=0)
-    perturbation_env_steps: int = doc(50_000, "PBT: every this many env steps a trial in the bottom quantile "
-                                      "copies a top trial's checkpoint (exploit) and perturbs lr and "
-                                      "entropy_coeff (explore)", min=1)
+    size: int = doc(
+        0,
+        "`rayrl train` trains this many trials together with Population Based Training (Tune's "
+        "PopulationBasedTraining); 0: one trial",
+        min=0,
+    )
+    perturbation_env_steps: int = doc(
+        50_000,
+        "PBT: every this many env steps a trial in the bottom quantile "
+        "copies a top trial's checkpoint (exploit) and perturbs lr and "
+        "entropy_coeff (explore)",
+        min=1,
+    )
     entropy_min: float = doc(0.0, "PBT: entropy_coeff range, lower end (lr: search.lr_min..search.lr_max)", ge=0.0)
     entropy_max: float = doc(0.02, "PBT: entropy_coeff range, upper end", ge=0.0)
     quantile_fraction: float = doc(0.25, "PBT: fraction of trials that exploit / are exploited", gt=0.0, le=0.5)
@@ -306,7 +409,7 @@ class Spec:
 
 
 def judged_by(evaluation: EvaluationSpec) -> str:
-    """"evaluation" when evaluation is on and judges, else "training" (the run folder's readers ask too)."""
+    """ "evaluation" when evaluation is on and judges, else "training" (the run folder's readers ask too)."""
     return "evaluation" if evaluation.interval > 0 and evaluation.judge == "evaluation" else "training"
 
 
@@ -331,12 +434,15 @@ def field_table(cls: type = Spec, prefix: str = "") -> list[tuple[str, str, str]
     rows = []
     for f in dataclasses.fields(cls):
         name = f"{prefix}{f.name}"
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
         if is_section(type(default)):
             rows.extend(field_table(type(default), name + "."))
         else:
-            rows.append((name, yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("..."
-                                                                                                   ).strip(),
-                         f.metadata.get("doc", "")))
+            rows.append(
+                (
+                    name,
+                    yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip(),
+                    f.metadata.get("doc", ""),
+                )
+            )
     return rows
-

@@ -7,7 +7,8 @@ slow bucket stalls training for the whole upload. rayrl's trainable keeps Tune's
 and registration (the same ``StorageContext``) but writes the checkpoint into a local folder
 (tier 1), adds a manifest (``rayrl.storage.manifest``, written last) and hands the upload to a
 background thread (``rayrl.storage.upload``: the files, then the manifest). This module is the
-restore side. Restore verifies: it prefers an intact local copy, else downloads and checks the storage copy, and when the registered (newest)
+restore side. Restore verifies: it prefers an intact local copy, else downloads and checks the storage
+copy, and when the registered (newest)
 checkpoint is corrupt or incomplete it takes the newest good one instead, logs it and records it
 as ``rayrl_restore_fallback-*.json`` in the trial folder.
 """
@@ -28,8 +29,13 @@ from rayrl.storage import manifest
 
 log = logging.getLogger("rayrl.checkpoints")
 FALLBACK_PREFIX = "rayrl_restore_fallback-"
-META_KEYS = ("training_iteration", "time_total_s", "timesteps_total", "episodes_total",
-             "num_env_steps_sampled_lifetime")
+META_KEYS = (
+    "training_iteration",
+    "time_total_s",
+    "timesteps_total",
+    "episodes_total",
+    "num_env_steps_sampled_lifetime",
+)
 
 
 @dataclass(frozen=True)
@@ -77,9 +83,9 @@ def local_root(settings: TierSettings, trial_fs_path: str) -> Path:
 
 @dataclass
 class Choice:
-    path: Path            #: a verified local folder to load
-    meta: dict            #: its manifest's metadata (iteration, time, env steps)
-    rejected: list        #: [(checkpoint name, why)] newer ones that did not verify
+    path: Path  #: a verified local folder to load
+    meta: dict  #: its manifest's metadata (iteration, time, env steps)
+    rejected: list  #: [(checkpoint name, why)] newer ones that did not verify
 
 
 def _indices(fs: Any, trial_fs_path: str, root: Path) -> set[int]:
@@ -135,19 +141,28 @@ def choose(fs: Any, registered: str, settings: TierSettings) -> Choice | None:
         return Choice(local, manifest.meta(remote_man), rejected)
     if not any_manifest:
         return None
-    raise RuntimeError(f"no intact checkpoint in {trial_fs_path} at or before {name}: "
-                       + "; ".join(f"{c}: {why}" for c, why in rejected))
+    raise RuntimeError(
+        f"no intact checkpoint in {trial_fs_path} at or before {name}: "
+        + "; ".join(f"{c}: {why}" for c, why in rejected)
+    )
 
 
 def record_fallback(fs: Any, trial_fs_path: str, registered: str, choice: Choice) -> dict:
     """Log a restore that skipped corrupt checkpoints and write it into the trial folder."""
-    event = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "registered": posixpath.basename(registered),
-             "restored": choice.path.name, "restored_iteration": choice.meta.get("training_iteration"),
-             "rejected": [{"checkpoint": c, "why": why} for c, why in choice.rejected]}
-    log.warning("checkpoint %s is not intact (%s); restored %s instead", event["registered"],
-                "; ".join(f"{c}: {w}" for c, w in choice.rejected), event["restored"])
-    print(f"[rayrl] checkpoint {event['registered']} is not intact; restored {event['restored']} instead",
-          flush=True)
+    event = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "registered": posixpath.basename(registered),
+        "restored": choice.path.name,
+        "restored_iteration": choice.meta.get("training_iteration"),
+        "rejected": [{"checkpoint": c, "why": why} for c, why in choice.rejected],
+    }
+    log.warning(
+        "checkpoint %s is not intact (%s); restored %s instead",
+        event["registered"],
+        "; ".join(f"{c}: {w}" for c, w in choice.rejected),
+        event["restored"],
+    )
+    print(f"[rayrl] checkpoint {event['registered']} is not intact; restored {event['restored']} instead", flush=True)
     try:
         with fs.open_output_stream(f"{trial_fs_path}/{FALLBACK_PREFIX}{int(time.time() * 1000)}.json") as out:
             out.write(json.dumps(event, indent=1).encode())

@@ -39,9 +39,12 @@ def failure(path: str, exc: BaseException, doing: str = "write") -> StorageError
     else:
         what = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__).strip().splitlines()[0][:300]
         fix = "fix the storage (permissions, credentials, network)"
-    err = StorageError(code or errno.EIO, f"could not {doing} {path}: {what}. Every file already in the run folder is "
-                       f"intact and readable (rayrl writes a temporary file and renames it). {fix.capitalize()}, then "
-                       "run the same command again: the run resumes from its last checkpoint.")
+    err = StorageError(
+        code or errno.EIO,
+        f"could not {doing} {path}: {what}. Every file already in the run folder is "
+        f"intact and readable (rayrl writes a temporary file and renames it). {fix.capitalize()}, then "
+        "run the same command again: the run resumes from its last checkpoint.",
+    )
     err.filename = path
     return err
 
@@ -70,7 +73,7 @@ def write_local(path: str | Path, data: bytes) -> None:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -115,7 +118,7 @@ def append_line(path: str | Path, line: str, header: str | None = None) -> None:
         data = ((header if size == 0 and header else "") + line).encode()
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     except OSError as exc:
         try:
@@ -140,8 +143,9 @@ def low_space(folder: str | Path, min_free_mb: float = MIN_FREE_MB) -> StorageEr
     free = free_mb(folder)
     if free is None or free >= min_free_mb:
         return None
-    return failure(str(folder), OSError(errno.ENOSPC, f"{free:.1f} MB free, below {min_free_mb:g} MB"),
-                   doing="keep writing to")
+    return failure(
+        str(folder), OSError(errno.ENOSPC, f"{free:.1f} MB free, below {min_free_mb:g} MB"), doing="keep writing to"
+    )
 
 
 def explain(exc: BaseException, folder: str | Path) -> StorageError | None:
@@ -151,7 +155,7 @@ def explain(exc: BaseException, folder: str | Path) -> StorageError | None:
     Tune's own code fails on a full disk in ways rayrl cannot catch at the write (an EOFError
     reading a trial's error file); this turns those into the same one paragraph.
     """
-    seen = exc
+    seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, StorageError):
             return seen
@@ -184,7 +188,7 @@ def list_files(fs: Any, folder: str, recursive: bool = False) -> list[str]:
 
     selector = pafs.FileSelector(folder, allow_not_found=True, recursive=recursive)
     base = folder.rstrip("/") + "/"
-    return sorted(i.path[len(base):] for i in fs.get_file_info(selector) if i.type == pafs.FileType.File)
+    return sorted(i.path[len(base) :] for i in fs.get_file_info(selector) if i.type == pafs.FileType.File)
 
 
 def delete(fs: Any, path: str) -> None:

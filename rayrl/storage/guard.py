@@ -25,8 +25,13 @@ from rayrl.storage.files import MIN_FREE_MB, low_space
 class DiskGuard(Callback):
     """Ends ``fit()`` with a StorageError when the run folder's disk has too little free space."""
 
-    def __init__(self, folder: str | Path, min_free_mb: float = MIN_FREE_MB, every_s: float = 0.5,
-                 experiment: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        folder: str | Path,
+        min_free_mb: float = MIN_FREE_MB,
+        every_s: float = 0.5,
+        experiment: str | Path | None = None,
+    ) -> None:
         self.folder, self.min_free_mb, self.every_s = Path(folder), min_free_mb, every_s
         self.experiment = Path(experiment) if experiment is not None else None
         self._last = 0.0

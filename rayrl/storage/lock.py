@@ -18,7 +18,8 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rayrl.errors import LockHeld
 from rayrl.storage import files
@@ -42,8 +43,9 @@ def process_start(pid: int) -> float | None:
         return -1.0  # alive, owned by someone else
 
 
-def staleness(info: dict | None, now: float, host: str, stale_s: float,
-              started: Callable[[int], float | None] = process_start) -> str | None:
+def staleness(
+    info: dict | None, now: float, host: str, stale_s: float, started: Callable[[int], float | None] = process_start
+) -> str | None:
     """Why the lock ``info`` may be taken over (a sentence), or None while its holder is alive.
 
     Pure apart from ``started`` (the process table of this host), so it is tested without processes.
@@ -78,8 +80,13 @@ class RunLock:
         self.took_over: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._info = {"host": self.host, "pid": os.getpid(), "pid_start": process_start(os.getpid()),
-                      "started": time.time(), "token": self.token}
+        self._info = {
+            "host": self.host,
+            "pid": os.getpid(),
+            "pid_start": process_start(os.getpid()),
+            "started": time.time(),
+            "token": self.token,
+        }
 
     def read(self) -> dict | None:
         try:
@@ -92,7 +99,7 @@ class RunLock:
     def _write(self) -> None:
         files.write_bytes(self.fs, self.path, json.dumps({**self._info, "heartbeat": time.time()}).encode())
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         current = self.read()
         reason = staleness(current, time.time(), self.host, self.stale_s)
         if reason is None:
@@ -114,8 +121,11 @@ class RunLock:
             try:
                 current = self.read()
                 if current and current.get("token") != self.token:
-                    log.error("run folder %s: another process took this run's lock over (%s); stop one of them",
-                              self.uri, current)
+                    log.error(
+                        "run folder %s: another process took this run's lock over (%s); stop one of them",
+                        self.uri,
+                        current,
+                    )
                     return
                 self._write()
             except OSError as exc:  # a missed beat is not fatal; the next one may succeed
@@ -129,7 +139,7 @@ class RunLock:
         if current and current.get("token") == self.token:
             files.delete(self.fs, self.path)
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc: Any) -> None:
@@ -138,9 +148,11 @@ class RunLock:
     def _held_message(self, info: dict | None) -> str:
         info = info or {}
         age = time.time() - float(info.get("heartbeat", time.time()))
-        return (f"--name: the run folder {self.uri} is in use by another rayrl process (host "
-                f"{info.get('host', '?')}, pid {info.get('pid', '?')}, last heartbeat {age:.0f} s ago); two runs "
-                "with one name would overwrite each other's files, so this one starts nothing. Wait for that "
-                "run to end or stop it, or give another --name. A lock is taken over by itself once its process "
-                f"is gone from its host or its heartbeat is older than {self.stale_s:.0f} s "
-                f"({self.uri.partition('?')[0]}/{LOCK_FILE}).")
+        return (
+            f"--name: the run folder {self.uri} is in use by another rayrl process (host "
+            f"{info.get('host', '?')}, pid {info.get('pid', '?')}, last heartbeat {age:.0f} s ago); two runs "
+            "with one name would overwrite each other's files, so this one starts nothing. Wait for that "
+            "run to end or stop it, or give another --name. A lock is taken over by itself once its process "
+            f"is gone from its host or its heartbeat is older than {self.stale_s:.0f} s "
+            f"({self.uri.partition('?')[0]}/{LOCK_FILE})."
+        )

@@ -67,8 +67,11 @@ class RunStore:
         if not self.remote:
             return []
         self.local_dir.mkdir(parents=True, exist_ok=True)
-        names = [n for n in files.list_files(self.loc.fs, self.loc.path, recursive=True)
-                 if n != LOCK_FILE and (full or n.split("/")[0] not in TUNE_DIRS)]
+        names = [
+            n
+            for n in files.list_files(self.loc.fs, self.loc.path, recursive=True)
+            if n != LOCK_FILE and (full or n.split("/")[0] not in TUNE_DIRS)
+        ]
         for name in names:
             files.write_local(self.local_dir / name, files.read_bytes(self.loc.fs, self.loc.join(name)))
         top = {n for n in names if "/" not in n}
@@ -104,4 +107,5 @@ def publish(run: str, local_dir: Path, rels: list[str]) -> None:
     store = open_store(parse(run))
     for rel in rels:
         store.upload(rel) if store.local_dir == local_dir else files.write_bytes(
-            store.loc.fs, store.loc.join(rel), (local_dir / rel).read_bytes())
+            store.loc.fs, store.loc.join(rel), (local_dir / rel).read_bytes()
+        )

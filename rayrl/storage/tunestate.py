@@ -73,5 +73,7 @@ def repair(exp_dir: Path) -> str | None:
     torn = state.with_name(state.name + ".torn")
     os.replace(state, torn)
     write_local(state, copy.read_bytes())
-    return (f"{state} was cut short (the run stopped while Tune was writing it); resumed from the last whole "
-            f"copy rayrl kept, which may be a few seconds older. The torn file is kept as {torn.name}.")
+    return (
+        f"{state} was cut short (the run stopped while Tune was writing it); resumed from the last whole "
+        f"copy rayrl kept, which may be a few seconds older. The torn file is kept as {torn.name}."
+    )

@@ -43,7 +43,6 @@ def upload(local: Path, fs: Any, dest: str) -> None:
     _put(local / manifest.NAME, fs, f"{dest}/{manifest.NAME}")
 
 
-
 @dataclass
 class UploadStats:
     uploaded: int = 0
@@ -104,7 +103,7 @@ class Uploader:
             except OSError:
                 if attempt == attempts - 1:
                     raise
-                time.sleep(min(self.max_backoff_s, 2 ** attempt))
+                time.sleep(min(self.max_backoff_s, 2**attempt))
 
     def _once(self, local: Path, fs: Any, dest: str) -> None:
         start = time.perf_counter()

@@ -35,7 +35,7 @@ class Location:
         """A path below this location, on its filesystem."""
         return "/".join([self.path.rstrip("/"), *(p.strip("/") for p in parts if p)])
 
-    def child(self, *parts: str) -> "Location":
+    def child(self, *parts: str) -> Location:
         """The location of a sub-folder (same filesystem; the URI keeps its query)."""
         base, _, query = self.uri.partition("?")
         uri = "/".join([base.rstrip("/"), *(p.strip("/") for p in parts if p)]) + (f"?{query}" if query else "")
@@ -52,16 +52,21 @@ def _s3_filesystem(parts: Any) -> tuple[Any, str]:
     from pyarrow import fs as pafs
 
     query = dict(parse_qsl(parts.query))
-    endpoint = query.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
-        "AWS_ENDPOINT_URL")
+    endpoint = (
+        query.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    )
     if not endpoint:
         return pafs.FileSystem.from_uri(parts.geturl())
     scheme = query.get("scheme")
     if "://" in endpoint:
         scheme, _, endpoint = endpoint.partition("://")
     region = query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    s3 = pafs.S3FileSystem(endpoint_override=endpoint.rstrip("/"), scheme=scheme or "https", region=region,
-                           allow_bucket_creation=query.get("allow_bucket_creation") == "true")
+    s3 = pafs.S3FileSystem(
+        endpoint_override=endpoint.rstrip("/"),
+        scheme=scheme or "https",
+        region=region,
+        allow_bucket_creation=query.get("allow_bucket_creation") == "true",
+    )
     return s3, (parts.netloc + parts.path).rstrip("/")
 
 
@@ -81,8 +86,10 @@ def parse(storage: str | os.PathLike) -> Location:
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:
-        raise SpecError(f"--storage: {text!r} uses the scheme {scheme + '://'!r}, which rayrl does not know; give a "
-                        f"local folder or a URI with one of {', '.join(s + '://' for s in SCHEMES)}.")
+        raise SpecError(
+            f"--storage: {text!r} uses the scheme {scheme + '://'!r}, which rayrl does not know; give a "
+            f"local folder or a URI with one of {', '.join(s + '://' for s in SCHEMES)}."
+        )
     if scheme == "file":
         root = str(Path(parts.path).resolve())
         return Location(root, pafs.LocalFileSystem(), root, True)
@@ -91,10 +98,12 @@ def parse(storage: str | os.PathLike) -> Location:
     try:
         fs, path = _s3_filesystem(parts) if scheme == "s3" else pafs.FileSystem.from_uri(text)
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... with a useful text
-        raise SpecError(f"--storage: {text!r} cannot be opened as a filesystem ({_first_line(exc)}); check the "
-                        "URI, the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
-                        "GOOGLE_APPLICATION_CREDENTIALS) and, for an S3-compatible server, AWS_ENDPOINT_URL or "
-                        "?endpoint_override=HOST:PORT&scheme=http.") from None
+        raise SpecError(
+            f"--storage: {text!r} cannot be opened as a filesystem ({_first_line(exc)}); check the "
+            "URI, the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+            "GOOGLE_APPLICATION_CREDENTIALS) and, for an S3-compatible server, AWS_ENDPOINT_URL or "
+            "?endpoint_override=HOST:PORT&scheme=http."
+        ) from None
     return Location(text.rstrip("/"), fs, path.rstrip("/"), False)
 
 
@@ -111,9 +120,11 @@ def check_writable(loc: Location) -> None:
         loc.fs.delete_file(probe)
     except Exception as exc:
         where = "folder you can write to" if loc.local else "bucket and prefix your credentials may write to"
-        raise SpecError(f"--storage: {loc.uri!r} is not writable ({_first_line(exc)}); give a {where}. For "
-                        "object storage check the bucket name, the credentials and, for an S3-compatible "
-                        "server, AWS_ENDPOINT_URL or ?endpoint_override=HOST:PORT&scheme=http.") from None
+        raise SpecError(
+            f"--storage: {loc.uri!r} is not writable ({_first_line(exc)}); give a {where}. For "
+            "object storage check the bucket name, the credentials and, for an S3-compatible "
+            "server, AWS_ENDPOINT_URL or ?endpoint_override=HOST:PORT&scheme=http."
+        ) from None
 
 
 def _first_line(exc: BaseException) -> str:

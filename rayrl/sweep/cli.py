@@ -19,15 +19,20 @@ DESCRIPTION = (
     "(search.confirm_baseline) again on fresh seeds and the lowest median cost to the target "
     "(search.objective) wins; a run stops once its config can no longer win (search.confirm_race). Results: "
     "STORAGE/NAME/ (doubling.csv, trials.csv, confirm.csv, best_config.yaml, summary.json). The same command "
-    "again resumes.")
+    "again resumes."
+)
 
 
 def parser() -> Parser:
     p = Parser(prog=PROG, description=DESCRIPTION)
     add_run_args(p, default_config="experiments/configs/cartpole_ppo.yaml")
-    p.add_argument("--smoke", action="store_true", help="tiny budgets: the whole sweep, confirmation included, "
-                   "in a few minutes on 2 cores (docs/benchmarks.md has the measured time); sampling and "
-                   "evaluation in the trial's own process (--set overrides still apply on top)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny budgets: the whole sweep, confirmation included, "
+        "in a few minutes on 2 cores (docs/benchmarks.md has the measured time); sampling and "
+        "evaluation in the trial's own process (--set overrides still apply on top)",
+    )
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray (default: all)")
     return p
 
@@ -73,13 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     best = summary["best"]
     if best is None:
         what = "evaluation" if spec.judged_by == "evaluation" else "episode"
-        print(f"[sweep] no search trial finished an {what} within search.max_env_steps "
-              f"({spec.search.max_env_steps:,}), so there is no return to pick the best by; raise "
-              f"search.max_env_steps (episodes of this env may be long) and see "
-              f"{paths.run_dir / runfolder.PHASE_DIRS[runfolder.SEARCH]}", flush=True)
+        print(
+            f"[sweep] no search trial finished an {what} within search.max_env_steps "
+            f"({spec.search.max_env_steps:,}), so there is no return to pick the best by; raise "
+            f"search.max_env_steps (episodes of this env may be long) and see "
+            f"{paths.run_dir / runfolder.PHASE_DIRS[runfolder.SEARCH]}",
+            flush=True,
+        )
         return 1
-    print(f"[sweep] done in {summary['wall_s']:.0f}s: knee {summary['knee_batch_size']}, best batch "
-          f"{best['batch_size']} lr {best['lr']:.2e} return {best['episode_return_mean']:.1f}; "
-          f"{summary['env_steps_total']:,} env steps; run folder {paths.run_dir}", flush=True)
+    print(
+        f"[sweep] done in {summary['wall_s']:.0f}s: knee {summary['knee_batch_size']}, best batch "
+        f"{best['batch_size']} lr {best['lr']:.2e} return {best['episode_return_mean']:.1f}; "
+        f"{summary['env_steps_total']:,} env steps; run folder {paths.run_dir}",
+        flush=True,
+    )
     print(f"[sweep] train the best config: rayrl train --config {paths.run_dir / runfolder.BEST_CONFIG}")
     return 0

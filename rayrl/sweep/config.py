@@ -30,11 +30,25 @@ def smoke(spec: Spec) -> Spec:
         resources={"env_runners": 0},
         evaluation={"env_runners": 0},
         checkpoint={"every": 5},
-        search={"doubling": {"start": 512, "factor": 2, "cap": 2048, "min_gain": spec.search.doubling.min_gain,
-                             "warmup_iters": 1, "measure_iters": 2},
-                "num_samples": 4, "max_env_steps": 16000, "grace_env_steps": 4000, "reduction_factor": 2.0,
-                "max_concurrent": 0, "min_batch": 256, "confirm_top_k": min(spec.search.confirm_top_k, 2),
-                "confirm_seeds": 2, "confirm_env_steps": 4000},
+        search={
+            "doubling": {
+                "start": 512,
+                "factor": 2,
+                "cap": 2048,
+                "min_gain": spec.search.doubling.min_gain,
+                "warmup_iters": 1,
+                "measure_iters": 2,
+            },
+            "num_samples": 4,
+            "max_env_steps": 16000,
+            "grace_env_steps": 4000,
+            "reduction_factor": 2.0,
+            "max_concurrent": 0,
+            "min_batch": 256,
+            "confirm_top_k": min(spec.search.confirm_top_k, 2),
+            "confirm_seeds": 2,
+            "confirm_env_steps": 4000,
+        },
     )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -56,8 +56,9 @@ def with_baseline(candidates: Sequence[dict], batch_size: int, lr: float) -> lis
     fresh seeds, the sweep can ship a config slower than the one it started from.
     """
     out = list(candidates)
-    if not any(int(c["batch_size"]) == int(batch_size) and math.isclose(float(c["lr"]), float(lr), rel_tol=1e-9)
-               for c in out):
+    if not any(
+        int(c["batch_size"]) == int(batch_size) and math.isclose(float(c["lr"]), float(lr), rel_tol=1e-9) for c in out
+    ):
         out.append({"trial_id": BASELINE_ID, "batch_size": int(batch_size), "lr": float(lr)})
     return out
 
@@ -85,11 +86,12 @@ def iqm(values: Sequence[float]) -> float:
     if x.size == 0:
         return math.nan
     cut = int(0.25 * x.size)
-    return float(np.mean(x[cut:x.size - cut]))
+    return float(np.mean(x[cut : x.size - cut]))
 
 
-def bootstrap_interval(values: Sequence[float], stat: str = "median", confidence: float = 0.95,
-                       resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+def bootstrap_interval(
+    values: Sequence[float], stat: str = "median", confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
     """Percentile-bootstrap interval of ``stat`` (median or iqm) over the runs (seeded, so reproducible).
 
     Infinite costs (runs that never reached the target) stay infinite, so the upper end says so.
@@ -103,12 +105,11 @@ def bootstrap_interval(values: Sequence[float], stat: str = "median", confidence
         stats = np.median(samples, axis=1)  # costs are >= 0, so inf + inf never meets -inf: no NaN
     elif stat == "iqm":
         cut = int(0.25 * x.size)
-        stats = np.mean(np.sort(samples, axis=1)[:, cut:x.size - cut], axis=1)
+        stats = np.mean(np.sort(samples, axis=1)[:, cut : x.size - cut], axis=1)
     else:
         raise ValueError(f"stat: {stat!r} is not median or iqm")
     alpha = (1.0 - confidence) / 2
-    return (float(np.quantile(stats, alpha, method="lower")),
-            float(np.quantile(stats, 1.0 - alpha, method="higher")))
+    return (float(np.quantile(stats, alpha, method="lower")), float(np.quantile(stats, 1.0 - alpha, method="higher")))
 
 
 def median(values: Sequence[float]) -> float:
@@ -129,18 +130,32 @@ def summarise(runs: Sequence[dict], objective: str, seed: int = 0) -> list[dict]
     out = []
     for cand, rows in sorted(by.items()):
         costs = [run_cost(r, objective) for r in rows]
-        returns = [float(r["episode_return_mean"]) for r in rows if r.get("episode_return_mean") is not None
-                   and math.isfinite(float(r["episode_return_mean"]))]
+        returns = [
+            float(r["episode_return_mean"])
+            for r in rows
+            if r.get("episode_return_mean") is not None and math.isfinite(float(r["episode_return_mean"]))
+        ]
         low, high = bootstrap_interval(costs, "median", seed=seed)
         first = rows[0]
-        out.append({"candidate": cand, "phase2_trial_id": first["phase2_trial_id"],
-                    "batch_size": int(first["batch_size"]), "lr": float(first["lr"]),
-                    "seeds": [int(r["seed"]) for r in rows], "costs": costs, "median": median(costs),
-                    "iqm": iqm(costs), "ci_low": low, "ci_high": high, "reached": sum(bool(r["reached"]) for r in rows),
-                    "runs": len(rows), "cut_by_race": sum(r.get("stopped") == "race" for r in rows),
-                    "median_return": median(returns) if returns else math.nan,
-                    "median_env_steps": median([float(r["env_steps"]) for r in rows
-                                                if r.get("env_steps") is not None])})
+        out.append(
+            {
+                "candidate": cand,
+                "phase2_trial_id": first["phase2_trial_id"],
+                "batch_size": int(first["batch_size"]),
+                "lr": float(first["lr"]),
+                "seeds": [int(r["seed"]) for r in rows],
+                "costs": costs,
+                "median": median(costs),
+                "iqm": iqm(costs),
+                "ci_low": low,
+                "ci_high": high,
+                "reached": sum(bool(r["reached"]) for r in rows),
+                "runs": len(rows),
+                "cut_by_race": sum(r.get("stopped") == "race" for r in rows),
+                "median_return": median(returns) if returns else math.nan,
+                "median_env_steps": median([float(r["env_steps"]) for r in rows if r.get("env_steps") is not None]),
+            }
+        )
     return out
 
 
@@ -158,16 +173,17 @@ class Race:
     def __init__(self, candidates: Iterable[int], seeds: Sequence[int]) -> None:
         self.seeds = list(seeds)
         #: candidate -> seed -> [cost so far, finished, cost if finished (inf: missed or censored)]
-        self.runs: dict[int, dict[int, list]] = {c: {s: [0.0, False, math.inf] for s in self.seeds}
-                                                 for c in candidates}
+        self.runs: dict[int, dict[int, list]] = {c: {s: [0.0, False, math.inf] for s in self.seeds} for c in candidates}
 
     def _threshold(self, bound: float) -> float:
         return bound if len(self.seeds) % 2 else 2 * bound
 
     def bound(self) -> float:
         """B: some candidate's median is at most this (infinite until one has enough finished runs)."""
-        return min((statistics.median([r[2] if r[1] else math.inf for r in runs.values()])
-                    for runs in self.runs.values()), default=math.inf)
+        return min(
+            (statistics.median([r[2] if r[1] else math.inf for r in runs.values()]) for runs in self.runs.values()),
+            default=math.inf,
+        )
 
     def lowest_median(self, candidate: int) -> float:
         """The lowest median ``candidate`` can still end with."""

@@ -9,7 +9,7 @@ it stop fewer runs, never a wrong one.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
 
 from ray import tune
 from ray.tune import Stopper
@@ -60,25 +60,50 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
     points, plan = [], []
     for rank, c in enumerate(candidates, 1):
         for seed in seeds:
-            points.append({"lr": scaled_lr(c["lr"], spec.resources.learners, spec.resources.lr_scaling),
-                           "train_batch_size_per_learner": int(c["batch_size"]), "seed": seed,
-                           "minibatch_size": doubling.minibatch_for(int(c["batch_size"]), a.train_batch_per_learner,
-                                                                    a.minibatch_size)})
+            points.append(
+                {
+                    "lr": scaled_lr(c["lr"], spec.resources.learners, spec.resources.lr_scaling),
+                    "train_batch_size_per_learner": int(c["batch_size"]),
+                    "seed": seed,
+                    "minibatch_size": doubling.minibatch_for(
+                        int(c["batch_size"]), a.train_batch_per_learner, a.minibatch_size
+                    ),
+                }
+            )
             plan.append((rank, c))
-    print(f"[sweep] confirm: {len(candidates)} configs x seeds {seeds}, up to {confirm_budget(s):,} env "
-          f"steps each, by median {s.objective} to return {spec.stop.episode_return}"
-          f"{'; a run stops once its config cannot win' if s.confirm_race else ''}", flush=True)
+    print(
+        f"[sweep] confirm: {len(candidates)} configs x seeds {seeds}, up to {confirm_budget(s):,} env "
+        f"steps each, by median {s.objective} to return {spec.stop.episode_return}"
+        f"{'; a run stops once its config cannot win' if s.confirm_race else ''}",
+        flush=True,
+    )
     held = resources.of_spec(spec)
-    stop = ConfirmStopper([(rank, int(c["batch_size"]), p["lr"], p["seed"]) for (rank, c), p in zip(plan, points)],
-                          seeds, objective=s.objective, return_key=keys.return_key(spec.judged_by),
-                          target=spec.stop.episode_return, budget=confirm_budget(s), held=held, prices=spec.cost,
-                          race=s.confirm_race)
+    stop = ConfirmStopper(
+        [(rank, int(c["batch_size"]), float(p["lr"]), int(p["seed"])) for (rank, c), p in zip(plan, points)],
+        seeds,
+        objective=s.objective,
+        return_key=keys.return_key(spec.judged_by),
+        target=spec.stop.episode_return,
+        budget=confirm_budget(s),
+        held=held,
+        prices=spec.cost,
+        race=s.confirm_race,
+    )
     params = base_params(spec)  # the varied keys as choices, so Tune sees each point as a valid pick
     params.update({k: tune.choice(sorted({p[k] for p in points})) for k in points[0]})
-    tuner = make_tuner(spec, paths, phase=runfolder.CONFIRM_PHASE, param_space=params,
-                       tune_config=tune.TuneConfig(search_alg=BasicVariantGenerator(points_to_evaluate=points),
-                                                   num_samples=len(points), max_concurrent_trials=concurrency(spec)),
-                       stop=stop, verbose_label="confirm")
+    tuner = make_tuner(
+        spec,
+        paths,
+        phase=runfolder.CONFIRM_PHASE,
+        param_space=params,
+        tune_config=tune.TuneConfig(
+            search_alg=BasicVariantGenerator(points_to_evaluate=points),
+            num_samples=len(points),
+            max_concurrent_trials=concurrency(spec),
+        ),
+        stop=stop,
+        verbose_label="confirm",
+    )
     tuner.fit()
     rows = []
     for trial in analysis(paths, runfolder.CONFIRM_PHASE).trials:
@@ -91,21 +116,42 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
         wall = float(m.get(keys.TIME_TOTAL) or 0.0)
         errored = trial.status == "ERROR"
         reached = not errored and runfolder.reached(ret, spec.stop.episode_return)
-        rows.append({"candidate": rank, "phase2_trial_id": c["trial_id"], "batch_size": batch, "lr": c["lr"],
-                     "seed": seed, "trial_id": trial.trial_id, "env_steps": steps, "wall_s": round(wall, 3),
-                     "usd": trial_cost(held, wall, spec.cost), "episode_return_mean": finite(ret),
-                     "reached": reached, "stopped": rules.stop_reason(reached, errored, steps, confirm_budget(s))})
+        rows.append(
+            {
+                "candidate": rank,
+                "phase2_trial_id": c["trial_id"],
+                "batch_size": batch,
+                "lr": c["lr"],
+                "seed": seed,
+                "trial_id": trial.trial_id,
+                "env_steps": steps,
+                "wall_s": round(wall, 3),
+                "usd": trial_cost(held, wall, spec.cost),
+                "episode_return_mean": finite(ret),
+                "reached": reached,
+                "stopped": rules.stop_reason(reached, errored, steps, confirm_budget(s)),
+            }
+        )
     return sorted(rows, key=lambda r: (r["candidate"], r["seed"]))
-
 
 
 class ConfirmStopper(Stopper):
     """Stops a confirmation run at the judged return's target, at the env-step budget, or when the race
     (``race=True``) says its config cannot win; ``points`` are the runs' (candidate, batch, lr, seed)."""
 
-    def __init__(self, points: Sequence[tuple[int, int, float, int]], seeds: Sequence[int], *, objective: str,
-                 return_key: str, target: float | None, budget: float, held: TrialResources, prices: CostSpec,
-                 race: bool = True) -> None:
+    def __init__(
+        self,
+        points: Sequence[tuple[int, int, float, int]],
+        seeds: Sequence[int],
+        *,
+        objective: str,
+        return_key: str,
+        target: float | None,
+        budget: float,
+        held: TrialResources,
+        prices: CostSpec,
+        race: bool = True,
+    ) -> None:
         self.points = [(int(c), int(b), float(lr), int(s)) for c, b, lr, s in points]
         self.race = rules.Race(sorted({p[0] for p in self.points}), seeds) if race else None
         self.objective, self.return_key, self.target, self.budget = objective, return_key, target, float(budget)
@@ -114,7 +160,7 @@ class ConfirmStopper(Stopper):
     def which(self, config: dict) -> tuple[int, int]:
         """(candidate rank, seed) of the planned run a trial's config is."""
         batch, lr = keys.config_batch_lr(config)
-        seed = int(config.get("seed"))
+        seed = int(config["seed"])
         for c, b, plr, s in self.points:
             if b == int(batch) and s == seed and math.isclose(plr, float(lr), rel_tol=1e-9):
                 return c, s
@@ -145,9 +191,12 @@ class ConfirmStopper(Stopper):
             return True
         if self.race.should_stop(cand, seed, cost):
             bound = self.race.bound()
-            print(f"[sweep] confirmation: race: candidate {cand} seed {seed} stopped after {steps:,.0f} env steps "
-                  f"({self.objective} {cost:.6g}): past the best median so far ({bound:.6g}), it cannot change "
-                  f"the choice", flush=True)
+            print(
+                f"[sweep] confirmation: race: candidate {cand} seed {seed} stopped after {steps:,.0f} env steps "
+                f"({self.objective} {cost:.6g}): past the best median so far ({bound:.6g}), it cannot change "
+                f"the choice",
+                flush=True,
+            )
             self.race.finish(cand, seed, math.inf)
             return True
         return False

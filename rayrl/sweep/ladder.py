@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from rayrl.runfolder import CAP, EXPAND, FAILED, STOP, LadderRow, knee
 
@@ -25,7 +25,7 @@ class Rung:
 
 def rung_throughput(per_iteration: Sequence[float], warmup: int, measure: int) -> float | None:
     """Median env steps/s of the ``measure`` iterations after ``warmup``; None if too few ran."""
-    measured = [x for x in per_iteration[warmup:warmup + measure] if x is not None and math.isfinite(x)]
+    measured = [x for x in per_iteration[warmup : warmup + measure] if x is not None and math.isfinite(x)]
     if len(measured) < measure or measure < 1:
         return None
     return float(statistics.median(measured))

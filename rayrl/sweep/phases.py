@@ -30,10 +30,19 @@ def ladder(spec: Spec, paths: runtime.RunPaths) -> tuple[list[runfolder.LadderRo
         return rows, runfolder.phase_env_steps(paths.run_dir / runfolder.HISTORY, runfolder.LADDER)
     d = spec.search.doubling
     tuner = make_tuner(
-        spec, paths, phase=runfolder.LADDER, param_space=base_params(spec),
-        tune_config=tune.TuneConfig(search_alg=DoublingSearcher(spec), num_samples=doubling.max_rungs(d.start, d.factor, d.cap),
-                                    max_concurrent_trials=1),
-        stop={keys.ITERATION: d.warmup_iters + d.measure_iters}, checkpoints=False, verbose_label="ladder")
+        spec,
+        paths,
+        phase=runfolder.LADDER,
+        param_space=base_params(spec),
+        tune_config=tune.TuneConfig(
+            search_alg=DoublingSearcher(spec),
+            num_samples=doubling.max_rungs(d.start, d.factor, d.cap),
+            max_concurrent_trials=1,
+        ),
+        stop={keys.ITERATION: d.warmup_iters + d.measure_iters},
+        checkpoints=False,
+        verbose_label="ladder",
+    )
     tuner.fit()
     rungs = []
     steps = 0
@@ -54,13 +63,23 @@ def search(spec: Spec, paths: runtime.RunPaths, batches: list[int]) -> tuple[lis
     """Phase 2: ASHA/HyperBand + Optuna over lr x batch; trials.csv's rows and the env steps they cost."""
     s = spec.search
     concurrent = concurrency(spec)
-    print(f"[sweep] search: {s.num_samples} trials, {s.scheduler}, up to {concurrent} at once "
-          f"(each holds {resources.of_spec(spec)})", flush=True)
+    print(
+        f"[sweep] search: {s.num_samples} trials, {s.scheduler}, up to {concurrent} at once "
+        f"(each holds {resources.of_spec(spec)})",
+        flush=True,
+    )
     stop: dict[str, float] = {keys.ENV_STEPS: s.max_env_steps}
     if spec.stop.episode_return is not None:
         stop[keys.return_key(spec.judged_by)] = spec.stop.episode_return
-    tuner = make_tuner(spec, paths, phase=runfolder.SEARCH, param_space=base_params(spec),
-                       tune_config=phase2_tune_config(spec, batches, concurrent), stop=stop, verbose_label="search")
+    tuner = make_tuner(
+        spec,
+        paths,
+        phase=runfolder.SEARCH,
+        param_space=base_params(spec),
+        tune_config=phase2_tune_config(spec, batches, concurrent),
+        stop=stop,
+        verbose_label="search",
+    )
     tuner.fit()
     trials = [trial_row(t, spec) for t in analysis(paths, runfolder.SEARCH).trials]
     runfolder.write_csv(paths, runfolder.TRIALS, runfolder.TRIALS_COLUMNS, trials)
@@ -69,8 +88,9 @@ def search(spec: Spec, paths: runtime.RunPaths, batches: list[int]) -> tuple[lis
 
 def concurrency(spec: Spec) -> int:
     """Trials at once: search.max_concurrent, else as many as fit in the cluster."""
-    return resources.max_concurrent_trials(runtime.cluster_resources(), resources.of_spec(spec),
-                                           spec.search.max_concurrent)
+    return resources.max_concurrent_trials(
+        runtime.cluster_resources(), resources.of_spec(spec), spec.search.max_concurrent
+    )
 
 
 def trial_row(trial: Any, spec: Spec) -> dict:
@@ -87,8 +107,14 @@ def trial_row(trial: Any, spec: Spec) -> dict:
     else:
         status = "stopped_early"
     batch, lr = keys.config_batch_lr(trial.config)
-    return {"trial_id": trial.trial_id, "batch_size": batch, "lr": trial.config.get("rayrl_lr", lr),
-            "env_steps": steps, "status": status, "episode_return_mean": finite(ret)}
+    return {
+        "trial_id": trial.trial_id,
+        "batch_size": batch,
+        "lr": trial.config.get("rayrl_lr", lr),
+        "env_steps": steps,
+        "status": status,
+        "episode_return_mean": finite(ret),
+    }
 
 
 def finite(value: Any) -> float | None:

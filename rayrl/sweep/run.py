@@ -15,31 +15,37 @@ from rayrl import runfolder, runtime
 from rayrl import spec as spec_mod
 from rayrl.spec import Spec
 from rayrl.sweep import confirm as rules
-from rayrl.sweep import ladder as doubling
 from rayrl.sweep import confirm_run, phases
+from rayrl.sweep import ladder as doubling
 from rayrl.sweep.config import SAFE_CAP, SweepError
 from rayrl.tune import resources
 
 log = logging.getLogger("rayrl.sweep")
 
+
 def run(spec: Spec, paths: runtime.RunPaths) -> dict:
     """The three phases, resumable; returns summary.json's content."""
     start = time.monotonic()
     if spec.search.doubling.cap > SAFE_CAP:
-        log.warning("search.doubling.cap=%d is above %d: sample efficiency falls above that batch size; "
-                    "the ladder may pick a knee that learns slower per env step.", spec.search.doubling.cap,
-                    SAFE_CAP)
+        log.warning(
+            "search.doubling.cap=%d is above %d: sample efficiency falls above that batch size; "
+            "the ladder may pick a knee that learns slower per env step.",
+            spec.search.doubling.cap,
+            SAFE_CAP,
+        )
     paths.write_text(runfolder.SPEC, spec_mod.dumps(spec))
     rows, ladder_steps = phases.ladder(spec, paths)
     rungs = doubling.admissible(rows)
     knee = runfolder.knee(rows)
     if knee is None:
-        raise SweepError(f"ladder: the first rung (batch {rows[0].batch_size if rows else '?'}) failed, so there "
-                         f"is no batch size to search; see the trial's error in "
-                         f"{paths.run_dir / runfolder.PHASE_DIRS[runfolder.LADDER]}, lower search.doubling.start "
-                         f"or give the trial more resources, then use a new --name (or delete "
-                         f"{runfolder.DOUBLING} and {runfolder.PHASE_DIRS[runfolder.LADDER]}/ to measure the "
-                         "ladder again).")
+        raise SweepError(
+            f"ladder: the first rung (batch {rows[0].batch_size if rows else '?'}) failed, so there "
+            f"is no batch size to search; see the trial's error in "
+            f"{paths.run_dir / runfolder.PHASE_DIRS[runfolder.LADDER]}, lower search.doubling.start "
+            f"or give the trial more resources, then use a new --name (or delete "
+            f"{runfolder.DOUBLING} and {runfolder.PHASE_DIRS[runfolder.LADDER]}/ to measure the "
+            "ladder again)."
+        )
     d = spec.search.doubling
     batches = doubling.search_batches(rungs, start=d.start, factor=d.factor, min_batch=spec.search.min_batch)
     print(f"[sweep] ladder done: knee at batch {knee}; search tries batch in {batches}", flush=True)
@@ -70,10 +76,16 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
     paths.write_json(runfolder.SUMMARY, summary)
     if best is not None:
         best_spec = spec_mod.replace(
-            spec, name=f"{paths.name}-best",
-            algo={"lr": best["lr"], "train_batch_per_learner": best["batch_size"],
-                  "minibatch_size": doubling.minibatch_for(best["batch_size"], spec.algo.train_batch_per_learner,
-                                                           spec.algo.minibatch_size)})
+            spec,
+            name=f"{paths.name}-best",
+            algo={
+                "lr": best["lr"],
+                "train_batch_per_learner": best["batch_size"],
+                "minibatch_size": doubling.minibatch_for(
+                    best["batch_size"], spec.algo.train_batch_per_learner, spec.algo.minibatch_size
+                ),
+            },
+        )
         paths.write_text(runfolder.BEST_CONFIG, spec_mod.dumps(best_spec))
     return summary
 
@@ -91,30 +103,49 @@ def choose(spec: Spec, trials: list[dict], runs: list[dict]) -> tuple[dict | Non
     chosen = rules.choose(table)
     if chosen is None:
         return None, None
-    best = {"trial_id": chosen["phase2_trial_id"], "batch_size": chosen["batch_size"], "lr": chosen["lr"],
-            "episode_return_mean": rules.json_safe(chosen["median_return"]),
-            "env_steps": rules.json_safe(chosen["median_env_steps"]), "confirmed": True,
-            "objective": s.objective, "median_cost": rules.json_safe(chosen["median"]),
-            "iqm_cost": rules.json_safe(chosen["iqm"]),
-            "ci95_cost": [rules.json_safe(chosen["ci_low"]), rules.json_safe(chosen["ci_high"])],
-            "seeds_at_target": f"{chosen['reached']}/{chosen['runs']}"}
-    summary = {"objective": s.objective, "seeds": sorted({int(r["seed"]) for r in runs}),
-               "env_steps_budget": confirm_run.confirm_budget(s), "target_return": spec.stop.episode_return,
-               "chosen": chosen["candidate"], "race": s.confirm_race,
-               "runs_cut_by_race": sum(r.get("stopped") == "race" for r in runs),
-               "candidates": [rules.jsonable(c) for c in table]}
+    best = {
+        "trial_id": chosen["phase2_trial_id"],
+        "batch_size": chosen["batch_size"],
+        "lr": chosen["lr"],
+        "episode_return_mean": rules.json_safe(chosen["median_return"]),
+        "env_steps": rules.json_safe(chosen["median_env_steps"]),
+        "confirmed": True,
+        "objective": s.objective,
+        "median_cost": rules.json_safe(chosen["median"]),
+        "iqm_cost": rules.json_safe(chosen["iqm"]),
+        "ci95_cost": [rules.json_safe(chosen["ci_low"]), rules.json_safe(chosen["ci_high"])],
+        "seeds_at_target": f"{chosen['reached']}/{chosen['runs']}",
+    }
+    summary = {
+        "objective": s.objective,
+        "seeds": sorted({int(r["seed"]) for r in runs}),
+        "env_steps_budget": confirm_run.confirm_budget(s),
+        "target_return": spec.stop.episode_return,
+        "chosen": chosen["candidate"],
+        "race": s.confirm_race,
+        "runs_cut_by_race": sum(r.get("stopped") == "race" for r in runs),
+        "candidates": [rules.jsonable(c) for c in table],
+    }
     _explain(chosen, s.objective)
     return best, summary
 
 
 def _explain(chosen: dict[str, Any], objective: str) -> None:
-    why = (f"has the lowest median {objective} to the target, {chosen['median']:.4g} (IQM {chosen['iqm']:.4g}, "
-           f"95% interval {chosen['ci_low']:.4g}..{chosen['ci_high']:.4g})" if math.isfinite(chosen["median"]) else
-           f"wins on median return ({chosen['median_return']:.1f}): no candidate reached the target on most seeds")
-    print(f"[sweep] confirm: candidate {chosen['candidate']} (batch {chosen['batch_size']}, lr "
-          f"{chosen['lr']:.2e}) {why}; {chosen['reached']}/{chosen['runs']} seeds reached it"
-          + (f" ({chosen['cut_by_race']} stopped by the race above that median)" if chosen["cut_by_race"] else ""),
-          flush=True)
+    why = (
+        f"has the lowest median {objective} to the target, {chosen['median']:.4g} (IQM {chosen['iqm']:.4g}, "
+        f"95% interval {chosen['ci_low']:.4g}..{chosen['ci_high']:.4g})"
+        if math.isfinite(chosen["median"])
+        else f"wins on median return ({chosen['median_return']:.1f}): no candidate reached the target on most seeds"
+    )
+    print(
+        f"[sweep] confirm: candidate {chosen['candidate']} (batch {chosen['batch_size']}, lr "
+        f"{chosen['lr']:.2e}) {why}; {chosen['reached']}/{chosen['runs']} seeds reached it"
+        + (f" ({chosen['cut_by_race']} stopped by the race above that median)" if chosen["cut_by_race"] else ""),
+        flush=True,
+    )
     if chosen["phase2_trial_id"] == rules.BASELINE_ID:
-        print("[sweep] confirm: the spec's own batch and lr won; no searched config beat the starting point "
-              "on fresh seeds, so best_config.yaml keeps them", flush=True)
+        print(
+            "[sweep] confirm: the spec's own batch and lr won; no searched config beat the starting point "
+            "on fresh seeds, so best_config.yaml keeps them",
+            flush=True,
+        )

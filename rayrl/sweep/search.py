@@ -8,8 +8,9 @@ from typing import Any
 from ray.tune.search import Searcher
 
 from rayrl.observe import keys
-from rayrl.sweep import ladder
+from rayrl.runfolder import LadderRow
 from rayrl.spec import Spec, scaled_lr
+from rayrl.sweep import ladder
 
 
 class DoublingSearcher(Searcher):
@@ -27,17 +28,18 @@ class DoublingSearcher(Searcher):
         self.warmup, self.measure = d.warmup_iters, d.measure_iters
         self.base_batch, self.base_minibatch = spec.algo.train_batch_per_learner, spec.algo.minibatch_size
         self.rungs: list[ladder.Rung] = []
-        self.pending: dict[str, int] = {}       # trial_id -> batch size
+        self.pending: dict[str, int] = {}  # trial_id -> batch size
         self.samples: dict[str, dict[int, float]] = {}  # trial_id -> {iteration: env steps/s}
 
-    def rows(self) -> list[ladder.Row]:
+    def rows(self) -> list[LadderRow]:
         return ladder.decide(self.rungs, factor=self.factor, cap=self.cap, min_gain=self.min_gain)
 
     def suggest(self, trial_id: str) -> dict | str | None:
         if self.pending:
             return None  # one rung at a time: the next depends on this one's figure
-        batch = ladder.next_batch(self.rungs, start=self.start, factor=self.factor, cap=self.cap,
-                                      min_gain=self.min_gain)
+        batch = ladder.next_batch(
+            self.rungs, start=self.start, factor=self.factor, cap=self.cap, min_gain=self.min_gain
+        )
         if batch is None:
             return Searcher.FINISHED
         self.pending[trial_id] = batch
@@ -106,15 +108,27 @@ def phase2_tune_config(spec: Spec, ladder: list[int], max_concurrent: int) -> An
 
     s = spec.search
     if s.scheduler == "asha":
-        scheduler = ASHAScheduler(time_attr=keys.ENV_STEPS, max_t=s.max_env_steps, grace_period=s.grace_env_steps,
-                                  reduction_factor=s.reduction_factor)
+        scheduler = ASHAScheduler(
+            time_attr=keys.ENV_STEPS,
+            max_t=s.max_env_steps,
+            grace_period=s.grace_env_steps,
+            reduction_factor=s.reduction_factor,
+        )
     else:
-        scheduler = HyperBandScheduler(time_attr=keys.ENV_STEPS, max_t=s.max_env_steps,
-                                       reduction_factor=s.reduction_factor)
+        scheduler = HyperBandScheduler(
+            time_attr=keys.ENV_STEPS, max_t=s.max_env_steps, reduction_factor=s.reduction_factor
+        )
     # The return key is in every result (NaN until the first episode/evaluation): ASHA neither stops a
     # trial on a NaN nor counts it in a rung's cutoff; Optuna records a trial that ends on NaN as failed.
     metric = keys.return_key(spec.judged_by)
-    searcher = OptunaSearch(space=Phase2Space(spec, ladder), metric=metric, mode="max",
-                            sampler=optuna.samplers.TPESampler(seed=spec.seed))
-    return tune.TuneConfig(metric=metric, mode="max", scheduler=scheduler, search_alg=searcher,
-                           num_samples=s.num_samples, max_concurrent_trials=max_concurrent)
+    searcher = OptunaSearch(
+        space=Phase2Space(spec, ladder), metric=metric, mode="max", sampler=optuna.samplers.TPESampler(seed=spec.seed)
+    )
+    return tune.TuneConfig(
+        metric=metric,
+        mode="max",
+        scheduler=scheduler,
+        search_alg=searcher,
+        num_samples=s.num_samples,
+        max_concurrent_trials=max_concurrent,
+    )

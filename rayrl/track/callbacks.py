@@ -27,8 +27,11 @@ def logger_callbacks(spec: Spec, phase: str, run_name: str) -> list:
     if t.tensorboard:
         out.append(TensorBoardTracker())
     if t.mlflow.enabled:
-        out.append(MLflowTracker(spec, phase, tracking_uri=t.mlflow.tracking_uri,
-                                 experiment_name=t.mlflow.experiment or run_name))
+        out.append(
+            MLflowTracker(
+                spec, phase, tracking_uri=t.mlflow.tracking_uri, experiment_name=t.mlflow.experiment or run_name
+            )
+        )
     if t.wandb.enabled:
         from rayrl.track.wandb_logger import wandb_callback
 
@@ -63,8 +66,7 @@ class MLflowTracker(MLflowLoggerCallback):
             return
         tags = {**self.tags, "trial_name": str(trial), "trial_id": trial.trial_id}
         self._trial_runs[trial] = self.mlflow_util.start_run(tags=tags, run_name=str(trial)).info.run_id
-        self.mlflow_util.log_params(run_id=self._trial_runs[trial],
-                                    params_to_log=trial_params(self.spec, trial.config))
+        self.mlflow_util.log_params(run_id=self._trial_runs[trial], params_to_log=trial_params(self.spec, trial.config))
 
     def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
         if trial not in self._trial_runs:

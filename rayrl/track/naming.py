@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from rayrl.observe import keys
 from rayrl.spec import Spec, to_dict
 
 # Result keys outside the rayrl section that rayrl's readers use, under the names trackers show.
-TRACKED = {keys.ENV_STEPS: "rayrl/env_steps", keys.EPISODE_RETURN: "rayrl/episode_return_mean",
-           keys.ITERATION: "rayrl/iteration", keys.TIME_TOTAL: "rayrl/time_total_s"}
+TRACKED = {
+    keys.ENV_STEPS: "rayrl/env_steps",
+    keys.EPISODE_RETURN: "rayrl/episode_return_mean",
+    keys.ITERATION: "rayrl/iteration",
+    keys.TIME_TOTAL: "rayrl/time_total_s",
+}
 
 
 def run_name(trial: Any, phase: str) -> str:
@@ -31,8 +36,11 @@ def rayrl_metrics(result: Mapping[str, Any]) -> dict[str, float]:
         if _finite(value):
             out[name] = float(value)
     section = result.get("rayrl")
-    flat = section.items() if isinstance(section, Mapping) else \
-        ((k.removeprefix("rayrl/"), v) for k, v in result.items() if k.startswith("rayrl/"))
+    flat = (
+        section.items()
+        if isinstance(section, Mapping)
+        else ((k.removeprefix("rayrl/"), v) for k, v in result.items() if k.startswith("rayrl/"))
+    )
     for key, value in flat:
         if _finite(value):
             out[f"rayrl/{key}"] = float(value)

@@ -10,10 +10,12 @@ from ray.air.integrations.wandb import WandbLoggerCallback, _get_wandb_project
 from rayrl.spec import WandbSpec
 
 
-
 class WandbTracker(WandbLoggerCallback):
     """Tune's callback; in offline mode it skips the API-key lookup (Tune only skips it when WANDB_MODE
     is set in the driver's environment), and the run folder lands in the trial folder's wandb/."""
+
+    project: Any  # Tune's callback sets both from its arguments
+    group: Any
 
     def setup(self, *args: Any, **kwargs: Any) -> None:
         if self.kwargs.get("mode") != "offline":

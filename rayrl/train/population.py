@@ -18,20 +18,35 @@ from ray.tune.schedulers import PopulationBasedTraining
 from rayrl.observe import keys
 from rayrl.spec import Spec
 
-COLUMNS = ("trial_id", "cloned_from", "iteration", "cloned_iteration", "env_steps", "lr_old", "lr_cloned",
-           "lr_new", "entropy_coeff_old", "entropy_coeff_cloned", "entropy_coeff_new")
+COLUMNS = (
+    "trial_id",
+    "cloned_from",
+    "iteration",
+    "cloned_iteration",
+    "env_steps",
+    "lr_old",
+    "lr_cloned",
+    "lr_new",
+    "entropy_coeff_old",
+    "entropy_coeff_cloned",
+    "entropy_coeff_new",
+)
 
 
 def mutations(spec: Spec) -> dict[str, Any]:
     """The hyperparameters PBT perturbs and resamples, within the spec's ranges."""
     p = spec.population
-    return {"lr": tune.loguniform(spec.search.lr_min, spec.search.lr_max),
-            "entropy_coeff": tune.uniform(p.entropy_min, p.entropy_max)}
+    return {
+        "lr": tune.loguniform(spec.search.lr_min, spec.search.lr_max),
+        "entropy_coeff": tune.uniform(p.entropy_min, p.entropy_max),
+    }
 
 
 def bounds(spec: Spec) -> dict[str, tuple[float, float]]:
-    return {"lr": (spec.search.lr_min, spec.search.lr_max),
-            "entropy_coeff": (spec.population.entropy_min, spec.population.entropy_max)}
+    return {
+        "lr": (spec.search.lr_min, spec.search.lr_max),
+        "entropy_coeff": (spec.population.entropy_min, spec.population.entropy_max),
+    }
 
 
 class Clamp:
@@ -59,10 +74,16 @@ def param_space(spec: Spec) -> dict:
 def tune_config(spec: Spec, run_dir: Path) -> Any:
     """TuneConfig: K samples, PBT over env steps by episode return."""
     p = spec.population
-    scheduler = RecordingPBT(run_dir / "population.csv", time_attr=keys.ENV_STEPS,
-                             perturbation_interval=p.perturbation_env_steps, hyperparam_mutations=mutations(spec),
-                             quantile_fraction=p.quantile_fraction, metric=keys.EPISODE_RETURN, mode="max",
-                             custom_explore_fn=Clamp(bounds(spec)))
+    scheduler = RecordingPBT(
+        run_dir / "population.csv",
+        time_attr=keys.ENV_STEPS,
+        perturbation_interval=p.perturbation_env_steps,
+        hyperparam_mutations=mutations(spec),
+        quantile_fraction=p.quantile_fraction,
+        metric=keys.EPISODE_RETURN,
+        mode="max",
+        custom_explore_fn=Clamp(bounds(spec)),
+    )
     return tune.TuneConfig(scheduler=scheduler, num_samples=p.size, reuse_actors=False)
 
 
@@ -73,16 +94,23 @@ class RecordingPBT(PopulationBasedTraining):
         super().__init__(**kwargs)
         self.path = Path(path)
 
-    def _log_config_on_step(self, trial_state: Any, new_state: Any, trial: Any, trial_to_clone: Any,
-                            new_config: dict) -> None:
+    def _log_config_on_step(
+        self, trial_state: Any, new_state: Any, trial: Any, trial_to_clone: Any, new_config: dict
+    ) -> None:
         super()._log_config_on_step(trial_state, new_state, trial, trial_to_clone, new_config)
         last = trial.last_result or {}
-        row = {"trial_id": trial.trial_id, "cloned_from": trial_to_clone.trial_id,
-               "iteration": last.get(keys.ITERATION), "cloned_iteration": (trial_to_clone.last_result or {}).get(
-                   keys.ITERATION), "env_steps": keys.lookup(last, keys.ENV_STEPS),
-               **{f"{name}_{which}": config.get(name) for name in ("lr", "entropy_coeff")
-                  for which, config in (("old", trial.config), ("cloned", trial_to_clone.config),
-                                        ("new", new_config))}}
+        row = {
+            "trial_id": trial.trial_id,
+            "cloned_from": trial_to_clone.trial_id,
+            "iteration": last.get(keys.ITERATION),
+            "cloned_iteration": (trial_to_clone.last_result or {}).get(keys.ITERATION),
+            "env_steps": keys.lookup(last, keys.ENV_STEPS),
+            **{
+                f"{name}_{which}": config.get(name)
+                for name in ("lr", "entropy_coeff")
+                for which, config in (("old", trial.config), ("cloned", trial_to_clone.config), ("new", new_config))
+            },
+        }
         new = not self.path.exists()
         with self.path.open("a", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(COLUMNS))

@@ -32,8 +32,12 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
     paths.write_text(runfolder.SPEC, spec_mod.dumps(spec))
     start = time.monotonic()
     if spec.population.size >= 2:
-        tuner = make_tuner(spec, paths, param_space=population.param_space(spec),
-                           tune_config=population.tune_config(spec, paths.run_dir))
+        tuner = make_tuner(
+            spec,
+            paths,
+            param_space=population.param_space(spec),
+            tune_config=population.tune_config(spec, paths.run_dir),
+        )
     else:
         tuner = make_tuner(spec, paths)
     preemption.install_driver_handler(spec.checkpoint.preempt_grace_s)
@@ -41,7 +45,7 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
     result = grid[0] if len(grid) == 1 else grid.get_best_result(keys.EPISODE_RETURN, "max", scope="last")
     metrics = result.metrics or {}
     preempted, budget = preemption.driver_preempted(), preemption.budget_exceeded()
-    status = ("error" if result.error or budget else "preempted" if preempted["requested_at"] else "finished")
+    status = "error" if result.error or budget else "preempted" if preempted["requested_at"] else "finished"
     summary = {
         "kind": "train",
         "name": paths.name,
@@ -62,18 +66,23 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         "global_batch": keys.lookup(metrics, keys.GLOBAL_BATCH),
         "checkpoint": result.checkpoint.path if result.checkpoint else None,
         "resources": resources.as_summary(resources.of_spec(spec)),
-        "preempted": ({"checkpointed": not preempted["timed_out"],
-                       "stop_s": round(time.time() - preempted["requested_at"], 2)}
-                      if preempted["requested_at"] else None),
+        "preempted": (
+            {"checkpointed": not preempted["timed_out"], "stop_s": round(time.time() - preempted["requested_at"], 2)}
+            if preempted["requested_at"]
+            else None
+        ),
         "checkpoint_fallbacks": fallbacks(paths.run_dir),
         "hung_runner_restarts": keys.lookup(metrics, keys.HUNG_RUNNER_RESTARTS),
     }
     if len(grid) > 1:  # a population: the best member's figures above, and each member's id
         if (paths.run_dir / runfolder.POPULATION).exists():  # appended locally by the scheduler; the bucket too
             paths.store.upload(runfolder.POPULATION)
-        summary["population"] = {"size": len(grid), "best_trial_id": Path(result.path).name.split("_", 1)[1],
-                                 "exploits": _count_rows(paths.run_dir / runfolder.POPULATION),
-                                 "errored": sum(1 for r in grid if r.error)}
+        summary["population"] = {
+            "size": len(grid),
+            "best_trial_id": Path(result.path).name.split("_", 1)[1],
+            "exploits": _count_rows(paths.run_dir / runfolder.POPULATION),
+            "errored": sum(1 for r in grid if r.error),
+        }
     paths.write_json(runfolder.SUMMARY, summary)
     return summary
 
@@ -106,22 +115,32 @@ def launch(args: argparse.Namespace, spec: Spec, paths: runtime.RunPaths) -> int
         print(f"rayrl train: error: {err.strerror}", file=sys.stderr)
         return 1
     ret = summary["episode_return_mean"]
-    print(f"rayrl train: {summary['status']} after {summary['iterations']} iterations, "
-          f"{summary['env_steps'] or 0:,.0f} env steps, return {ret if ret is not None else float('nan'):.1f}; "
-          f"run folder {paths.run_dir}")
+    print(
+        f"rayrl train: {summary['status']} after {summary['iterations']} iterations, "
+        f"{summary['env_steps'] or 0:,.0f} env steps, return {ret if ret is not None else float('nan'):.1f}; "
+        f"run folder {paths.run_dir}"
+    )
     for fb in summary["checkpoint_fallbacks"]:
-        print(f"rayrl train: {fb['trial']}: checkpoint {fb['registered']} was not intact "
-              f"({fb['rejected'][0]['why'] if fb['rejected'] else '?'}); resumed from {fb['restored']} instead "
-              f"(recorded in the trial folder)")
+        print(
+            f"rayrl train: {fb['trial']}: checkpoint {fb['registered']} was not intact "
+            f"({fb['rejected'][0]['why'] if fb['rejected'] else '?'}); resumed from {fb['restored']} instead "
+            f"(recorded in the trial folder)"
+        )
     if summary["status"] == "preempted":
-        print(f"rayrl train: stopped by SIGTERM {summary['preempted']['stop_s']:.1f}s after the signal, "
-              + ("with a checkpoint of the last iteration" if summary["preempted"]["checkpointed"]
-                 else "before a new checkpoint was written (the grace period ran out)")
-              + "; run the same command to resume.")
+        print(
+            f"rayrl train: stopped by SIGTERM {summary['preempted']['stop_s']:.1f}s after the signal, "
+            + (
+                "with a checkpoint of the last iteration"
+                if summary["preempted"]["checkpointed"]
+                else "before a new checkpoint was written (the grace period ran out)"
+            )
+            + "; run the same command to resume."
+        )
         return preemption.EXIT_PREEMPTED
     if summary["status"] != "finished":
-        print(f"rayrl train: the trial failed: {summary['error']}; run the same command to retry from the "
-              "latest checkpoint.")
+        print(
+            f"rayrl train: the trial failed: {summary['error']}; run the same command to retry from the "
+            "latest checkpoint."
+        )
         return 1
     return 0
-

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from rayrl.observe.cost import TrialResources
 from rayrl.spec import ResourcesSpec, Spec
@@ -24,8 +25,9 @@ def trial_resources(resources: ResourcesSpec | Mapping[str, Any], evaluation_env
     if r.learners == 0:  # the local learner lives in the trial's process
         main_cpus = 1.0 if r.gpus_per_learner > 0 else max(1.0, r.cpus_per_learner)
         return TrialResources(gpus=float(r.gpus_per_learner), cpus=float(main_cpus + runner_cpus))
-    return TrialResources(gpus=float(r.learners * r.gpus_per_learner),
-                          cpus=float(1.0 + runner_cpus + r.learners * r.cpus_per_learner))
+    return TrialResources(
+        gpus=float(r.learners * r.gpus_per_learner), cpus=float(1.0 + runner_cpus + r.learners * r.cpus_per_learner)
+    )
 
 
 def of_spec(spec: Spec) -> TrialResources:
@@ -42,14 +44,19 @@ def trial_misfit(cluster: Mapping[str, float], held: TrialResources) -> str | No
     """Why one trial can never start on a fixed-size cluster (a local Ray: no autoscaler adds nodes),
     or None when it fits. Tune would otherwise wait forever, logging a warning once a minute."""
     need = {"CPU": held.cpus, "GPU": held.gpus}
-    short = [f"{need[k]:g} {k}s (the cluster has {cluster.get(k, 0):g})"
-             for k in ("CPU", "GPU") if need[k] > cluster.get(k, 0) + 1e-9]
+    short = [
+        f"{need[k]:g} {k}s (the cluster has {cluster.get(k, 0):g})"
+        for k in ("CPU", "GPU")
+        if need[k] > cluster.get(k, 0) + 1e-9
+    ]
     if not short:
         return None
-    return (f"one trial needs {' and '.join(short)}: the trial itself, each env runner (resources.env_runners, "
-            "evaluation.env_runners) and each learner (resources.learners, cpus_per_learner, gpus_per_learner) "
-            "hold their own; nothing would ever start on this local Ray. Lower those counts or give --num-cpus "
-            "more CPUs.")
+    return (
+        f"one trial needs {' and '.join(short)}: the trial itself, each env runner (resources.env_runners, "
+        "evaluation.env_runners) and each learner (resources.learners, cpus_per_learner, gpus_per_learner) "
+        "hold their own; nothing would ever start on this local Ray. Lower those counts or give --num-cpus "
+        "more CPUs."
+    )
 
 
 def max_concurrent_trials(cluster: Mapping[str, float], held: TrialResources, configured: int = 0) -> int:

@@ -14,7 +14,8 @@ import time
 from typing import Any
 
 from rayrl.faults.preemption import TrialPreemption
-from rayrl.storage import checkpoints as ck, manifest, upload
+from rayrl.storage import checkpoints as ck
+from rayrl.storage import manifest, upload
 
 DRAIN_S = 600.0  #: how long a stopping trial waits for its last uploads
 
@@ -22,7 +23,7 @@ DRAIN_S = 600.0  #: how long a stopping trial waits for its last uploads
 def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
     """``base`` (an RLlib Algorithm class) with rayrl's checkpoint persistence."""
 
-    class Tiered(base):  # type: ignore[misc, valid-type]
+    class Tiered(base):
         _rayrl_tier = settings
 
         def setup(self, config: Any) -> None:
@@ -40,9 +41,13 @@ def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
             result = super().step()
             up = self._rayrl_uploader.stats
             result.setdefault("rayrl", {}).update(
-                checkpoint_stall_s=self._rayrl_stall_s, checkpoint_uploads=up.uploaded,
-                checkpoint_upload_failures=up.failed_attempts, checkpoint_upload_s=up.last_upload_s,
-                checkpoint_uploads_pending=self._rayrl_uploader.pending, **self._rayrl_events)
+                checkpoint_stall_s=self._rayrl_stall_s,
+                checkpoint_uploads=up.uploaded,
+                checkpoint_upload_failures=up.failed_attempts,
+                checkpoint_upload_s=up.last_upload_s,
+                checkpoint_uploads_pending=self._rayrl_uploader.pending,
+                **self._rayrl_events,
+            )
             if self._rayrl_preempt.requested:
                 result["should_checkpoint"] = True
             return result
@@ -74,8 +79,9 @@ def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
             upload.prune_local(root, self._rayrl_tier.keep, protect={str(local), *self._rayrl_uploader.waiting_paths()})
             self._rayrl_stall_s = time.perf_counter() - start
             self._rayrl_preempt.saved = preempted
-            return _TrainingResult(checkpoint=Checkpoint(filesystem=storage.storage_filesystem, path=dest),
-                                   metrics=metrics)
+            return _TrainingResult(
+                checkpoint=Checkpoint(filesystem=storage.storage_filesystem, path=dest), metrics=metrics
+            )
 
         def restore(self, checkpoint_path: Any) -> None:
             from ray.tune import Checkpoint
@@ -89,11 +95,11 @@ def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
                 return super().restore(checkpoint_path)
             metrics = dict(checkpoint_path.metrics)
             if choice.rejected:
-                event = ck.record_fallback(registered.filesystem, posixpath.dirname(registered.path),
-                                           registered.path, choice)
+                event = ck.record_fallback(
+                    registered.filesystem, posixpath.dirname(registered.path), registered.path, choice
+                )
                 metrics = {**metrics, **choice.meta}
-                self._rayrl_events = {"restore_fallbacks": len(choice.rejected),
-                                      "restored_from": event["restored"]}
+                self._rayrl_events = {"restore_fallbacks": len(choice.rejected), "restored_from": event["restored"]}
             local = Checkpoint.from_directory(str(choice.path))
             return super().restore(_TrainingResult(checkpoint=local, metrics=metrics))
 
@@ -102,8 +108,11 @@ def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
             # once every upload landed, a stopping trial removes it.
             uploader, storage = getattr(self, "_rayrl_uploader", None), getattr(self, "_storage", None)
             if uploader is not None and not uploader.drain(DRAIN_S):
-                print(f"[rayrl] {uploader.pending} checkpoint upload(s) did not finish in {DRAIN_S:g}s; "
-                      "their local copies stay in tier 1", flush=True)
+                print(
+                    f"[rayrl] {uploader.pending} checkpoint upload(s) did not finish in {DRAIN_S:g}s; "
+                    "their local copies stay in tier 1",
+                    flush=True,
+                )
             elif uploader is not None and storage is not None:
                 shutil.rmtree(ck.local_root(self._rayrl_tier, storage.trial_fs_path), ignore_errors=True)
             super().cleanup()
@@ -116,4 +125,3 @@ def settings_for(spec: Any) -> ck.TierSettings:
     """Tier settings from a Spec's checkpoint section."""
     c = spec.checkpoint
     return ck.TierSettings(local_dir=c.local_dir, tiered=c.tiered, keep=c.keep, preempt_grace_s=c.preempt_grace_s)
-

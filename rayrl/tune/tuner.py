@@ -24,16 +24,25 @@ from rayrl.rllib.algo import algorithm_class, build_config
 from rayrl.spec import Spec
 from rayrl.storage import tunestate
 from rayrl.storage.guard import DiskGuard
-from rayrl.tune.trainable import settings_for, tiered_trainable
 from rayrl.track.callbacks import logger_callbacks
-from rayrl.tune.stoppers import stop_criteria
 from rayrl.track.naming import run_name
+from rayrl.tune.stoppers import stop_criteria
+from rayrl.tune.trainable import settings_for, tiered_trainable
 
 
-def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = runfolder.TRAIN, subdir: str | None = None,
-               param_space: Any = None, tune_config: Any = None, stop: Any = None,
-               extra_callbacks: list | None = None, verbose_label: str = "train",
-               checkpoints: bool = True) -> Any:
+def make_tuner(
+    spec: Spec,
+    paths: runtime.RunPaths,
+    *,
+    phase: str = runfolder.TRAIN,
+    subdir: str | None = None,
+    param_space: Any = None,
+    tune_config: Any = None,
+    stop: Any = None,
+    extra_callbacks: list | None = None,
+    verbose_label: str = "train",
+    checkpoints: bool = True,
+) -> Any:
     """A Tuner for ``spec`` (or resumed from ``paths`` when an experiment is already there).
 
     ``phase`` names the history rows and the trackers' runs; the experiment's folder is the phase's
@@ -54,8 +63,14 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = runfolder.TR
         if fs is None:
             check_experiment_state(exp_path)
         alias_old_modules()  # experiments written before the layout move pickled the old module paths
-        return tune.Tuner.restore(exp_path, trainable=trainable, resume_unfinished=True, resume_errored=True,
-                                  param_space=param_space, storage_filesystem=fs)
+        return tune.Tuner.restore(
+            exp_path,
+            trainable=trainable,
+            resume_unfinished=True,
+            resume_errored=True,
+            param_space=param_space,
+            storage_filesystem=fs,
+        )
     run_config = tune.RunConfig(
         name=subdir,
         **paths.tune_storage(),
@@ -71,21 +86,32 @@ def make_tuner(spec: Spec, paths: runtime.RunPaths, *, phase: str = runfolder.TR
         ),
         # `rayrl train`: Tune retries forever and FailureBudget ends the run at max_failures within
         # failure_window_s; sweep trials: max_failures over the trial's life.
-        failure_config=tune.FailureConfig(max_failures=-1 if production else spec.checkpoint.max_failures
-                                          if checkpoints else 0),
-        callbacks=[ProgressPrinter(verbose_label, show_config=phase != runfolder.TRAIN),
-                   HistoryWriter(paths.run_dir / runfolder.HISTORY, phase, store=paths.store),
-                   DiskGuard(paths.run_dir, experiment=None if fs else exp_path),
-                   *trackers, *(extra_callbacks or []),
-                   *([FailureBudget(spec.checkpoint.max_failures, spec.checkpoint.failure_window_s),
-                      DriverPreemption()] if production else [])],
+        failure_config=tune.FailureConfig(
+            max_failures=-1 if production else spec.checkpoint.max_failures if checkpoints else 0
+        ),
+        callbacks=[
+            ProgressPrinter(verbose_label, show_config=phase != runfolder.TRAIN),
+            HistoryWriter(paths.run_dir / runfolder.HISTORY, phase, store=paths.store),
+            DiskGuard(paths.run_dir, experiment=None if fs else exp_path),
+            *trackers,
+            *(extra_callbacks or []),
+            *(
+                [FailureBudget(spec.checkpoint.max_failures, spec.checkpoint.failure_window_s), DriverPreemption()]
+                if production
+                else []
+            ),
+        ],
         verbose=0,
     )
     tune_config = tune_config or tune.TuneConfig()
     tune_config.trial_dirname_creator = trial_dirname
     tune_config.trial_name_creator = functools.partial(run_name, phase=phase)  # phase, batch, lr: trackers' run name
-    return tune.Tuner(trainable, param_space=param_space if param_space is not None else build_config(spec),
-                      tune_config=tune_config, run_config=run_config)
+    return tune.Tuner(
+        trainable,
+        param_space=param_space if param_space is not None else build_config(spec),
+        tune_config=tune_config,
+        run_config=run_config,
+    )
 
 
 def check_experiment_state(exp_path: str) -> None:
@@ -102,12 +128,16 @@ def check_experiment_state(exp_path: str) -> None:
         print(f"[rayrl] {repaired}", flush=True)
     states = sorted(Path(exp_path).glob(tunestate.PATTERN))
     if states and not tunestate.whole(states[-1].read_bytes()):
-        earlier = (f"move that file aside to resume from the {len(states) - 1} earlier state file(s), or start "
-                   "again with a new --name." if len(states) > 1 else "there is no earlier state file and no whole "
-                   "copy of it, so start again with a new --name.")
+        earlier = (
+            f"move that file aside to resume from the {len(states) - 1} earlier state file(s), or start "
+            "again with a new --name."
+            if len(states) > 1
+            else "there is no earlier state file and no whole copy of it, so start again with a new --name."
+        )
         raise SpecError(
             f"{states[-1]}: Tune's experiment state is cut short (the run was killed while it was being "
-            f"written), so the run cannot resume from it. The checkpoints in {exp_path} are intact: {earlier}")
+            f"written), so the run cannot resume from it. The checkpoints in {exp_path} are intact: {earlier}"
+        )
 
 
 def check_run_states(paths: runtime.RunPaths, subdirs: tuple[str, ...]) -> None:
