@@ -101,6 +101,15 @@ def quiet() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on now (the gloo rendezvous of a measurement)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 # ---- specs ------------------------------------------------------------------------------------
 
 

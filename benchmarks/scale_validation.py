@@ -33,7 +33,7 @@ def gloo_allreduce_s(sizes: tuple[int, ...], ranks: int, reps: int = 50) -> list
     """Mean seconds of one gloo all-reduce of each of ``sizes`` bytes across ``ranks`` local processes."""
     import torch.multiprocessing as mp
 
-    port = C_free_port()
+    port = C.free_port()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_allreduce_worker, args=(r, ranks, port, sizes, reps, out)) for r in range(ranks)]
@@ -63,14 +63,6 @@ def _allreduce_worker(rank: int, ranks: int, port: int, sizes: tuple[int, ...], 
         result.append((time.perf_counter() - start) / reps)
     out.put(result)
     dist.destroy_process_group()
-
-
-def C_free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure_config(spec: Any, learners: int, runners: int, warmup: int, iters: int) -> dict:

@@ -140,6 +140,21 @@ def rank_trials(trials: Iterable[dict]) -> list[dict]:
     )
 
 
+def speaking_run(confirm_runs: Iterable[dict], phase2_trial_id: str) -> str | None:
+    """The confirmation run that speaks for a candidate (confirm.csv rows): its first run at the target by
+    seed, else its first run; None when it has none. A config the search never ran (the spec's own,
+    search.confirm_baseline) has no search trial, so its policy, history and report come from here."""
+    runs = [r for r in confirm_runs if str(r["phase2_trial_id"]) == str(phase2_trial_id)]
+    if not runs:
+        return None
+    first = min(runs, key=lambda r: (not _truthy(r["reached"]), int(r["seed"])))
+    return str(first["trial_id"])
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value) == "True"
+
+
 def write_csv(out: TextWriter, rel: str, columns: Sequence[str], rows: Iterable[dict]) -> None:
     """One run-folder CSV, written in one piece (atomically, and uploaded, by ``out``)."""
     buf = io.StringIO()

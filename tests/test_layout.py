@@ -133,3 +133,33 @@ def test_readme_layout_names_every_module():
         elif path.name not in named:
             missing.append(str(path.relative_to(ROOT)))
     assert missing == []
+
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "notebooks").glob("*.ipynb"))]
+
+
+def test_every_module_and_name_the_docs_cite_exists():
+    """`rayrl.x.y` and `rayrl/x/y.py` in README.md, docs/ and the notebooks name real modules and attributes
+    (a move that leaves a doc behind fails here). Names whose first part is no module of the package
+    (labels such as rayrl.io/cluster, tags such as rayrl.phase) are not code references."""
+    import importlib
+
+    packages = {m.split(".")[1] for m in MODULES if "." in m}
+    wrong = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for path in set(re.findall(r"\brayrl/[\w/]+\.py\b", text)):
+            if not (ROOT / path).exists():
+                wrong.append(f"{doc.name}: {path}")
+        for name in set(re.findall(r"\brayrl(?:\.[A-Za-z_]\w*)+", text)):
+            parts = name.split(".")
+            if parts[1] not in packages:
+                continue
+            depth = max(i for i in range(2, len(parts) + 1) if ".".join(parts[:i]) in MODULES)
+            obj = importlib.import_module(".".join(parts[:depth]))
+            for attr in parts[depth:]:
+                if not hasattr(obj, attr):
+                    wrong.append(f"{doc.name}: {name}")
+                    break
+                obj = getattr(obj, attr)
+    assert sorted(wrong) == []

@@ -68,3 +68,15 @@ def test_an_old_layout_run_folder_resumes_and_reads(tmp_path):
     from rayrl.judge.folder import load
 
     assert set(load(run).history["phase"]) == {"ladder", "search", "confirm"}
+    # the winner's policy out, whichever candidate won (the spec's own config has only confirmation runs)
+    for argv in (["export", str(run)], ["play", str(run), "--episodes", "1"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "rayrl.cli", *argv],
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=ROOT,
+        )
+        assert out.returncode == 0, argv[0] + ": " + out.stdout[-1500:] + out.stderr[-1500:]
+    assert (run / "policy.onnx").is_file()

@@ -549,7 +549,7 @@ def test_plots_of_data_a_run_lacks_say_so(tmp_path):
     run = load(write_run(tmp_path / "t", kind="train"))
     for plot, message in (
         (plots.plot_doubling, "no doubling ladder (not a sweep)"),
-        (plots.plot_lr_return, "no phase-2 trials"),
+        (plots.plot_lr_return, "no search trials"),
     ):
         ax = plot(run)
         assert [t.get_text() for t in ax.texts] == [message] and not ax.lines and not ax.collections

@@ -7,8 +7,8 @@ kill real processes the way a cluster loses them and time how long training take
   the restart (``fault_tolerance/num_remote_worker_restarts``), and training never stops.
 - ``trial``: SIGKILL the trial's own actor; Tune retries it from its latest checkpoint and the
   counters (iteration, env steps) go on from that checkpoint, not from zero.
-- ``driver``: ``kill -9`` the driver (the sweep during phase 2, or ``rayrl train``) and run the same
-  command again: it resumes, phase 1 and finished trials are kept, no file already written changes.
+- ``driver``: ``kill -9`` the driver (the sweep during the search, or ``rayrl train``) and run the same
+  command again: it resumes, the ladder and finished trials are kept, no file already written changes.
 - ``node`` (only on a cluster with more than one node): kill the raylet of a worker node that hosts
   the drill's actors; training survives on the remaining nodes.
 - ``storage``: the storage refuses checkpoint uploads for a while (`rayrl.faults.storage_drill`);
@@ -128,7 +128,7 @@ def run_drills(
         rows, rate = restore_checkpoints(run_dir, spec)
         data["restores"], data["restore_rate"] = rows, rate
         if not rows:
-            say("restore: the run keeps no checkpoint (phase 1 and measurement trials keep none)")
+            say("restore: the run keeps no checkpoint (the ladder's and measurement trials keep none)")
     runtime.write_json(run_dir / "drill.json", data)
     return data
 
@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
 
           env_runner  SIGKILL an EnvRunner; RLlib restarts and resyncs it, training goes on
           trial       SIGKILL the trial actor; Tune retries from the latest checkpoint
-          driver      kill -9 the sweep (in phase 2) or `rayrl train`, then the same command again
+          driver      kill -9 the sweep (in the search) or `rayrl train`, then the same command again
           node        kill a worker node's raylet (only when the cluster has more than one node)
           storage     refuse checkpoint uploads for 8 s; training goes on, every checkpoint lands intact"""
         ),

@@ -62,7 +62,7 @@ def _parse_rows(lines: list[str]) -> list[dict]:
 def driver_drill(
     spec: Spec, kind: str, storage: Path, *, address: str | None, num_cpus: int | None, timeout_s: float = 900.0
 ) -> dict:
-    """SIGKILL the driver's process group mid-run (a sweep in phase 2, or `rayrl train` after a
+    """SIGKILL the driver's process group mid-run (a sweep in the search, or `rayrl train` after a
     checkpoint), run the same command again, and check what was kept."""
     sweep = kind == "sweep"
     dspec = drill_spec(spec, "driver", kind="sweep" if sweep else "driver")
@@ -86,7 +86,7 @@ def driver_drill(
             states = [s.get("status") for s in _newest_state(run_dir / "phase2")]
             done = states.count("TERMINATED")
             if done >= 1 and "RUNNING" in states and done < dspec.search.num_samples:
-                return {"killed_at": f"phase 2, {done} of {dspec.search.num_samples} trials finished"}
+                return {"killed_at": f"the search, {done} of {dspec.search.num_samples} trials finished"}
             return None
         ckpts = list((run_dir / "tune").glob("*/checkpoint_*"))
         rows = len(_history_rows(history)) - 1
@@ -94,7 +94,7 @@ def driver_drill(
 
     say(
         f"driver: started {'the sweep' if sweep else 'rayrl train'} on a scratch spec; waiting for "
-        f"{'a finished phase-2 trial' if sweep else 'a checkpoint'}"
+        f"{'a finished search trial' if sweep else 'a checkpoint'}"
     )
     with (storage / "driver.log").open("w") as log:
         first = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -160,7 +160,7 @@ def driver_drill(
         if rerun:
             problems.append(f"finished trials ran again: {', '.join(rerun)}")
         if not detail["phase1_kept"]:
-            problems.append("phase 1 ran again")
+            problems.append("the ladder ran again")
     else:
         killed_iter = max((int(float(r[keys.ITERATION])) for r in _parse_rows(rows_before)), default=0)
         first_iter = int(float(new[0][keys.ITERATION])) if new else None
@@ -188,7 +188,7 @@ def _kept_problems(
     finished: set[str],
     sweep: bool,
 ) -> list[str]:
-    """Files the resume must leave exactly as they were (rayrl's, phase 1, finished trials)."""
+    """Files the resume must leave exactly as they were (rayrl's, the ladder, finished trials)."""
 
     def frozen(rel: str) -> bool:
         parts = rel.split("/")

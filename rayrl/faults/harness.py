@@ -56,7 +56,7 @@ def drill_spec(spec: Spec, name: str, *, env_runners: int | None = None, kind: s
     failures = spec.checkpoint.max_failures
     data["checkpoint"] = {"every": 1, "keep": 2, "max_failures": -1 if failures == -1 else max(failures, 3)}
     if kind == "sweep":
-        # Two rungs, then four short phase-2 trials one at a time (no early stopping), so the kill
+        # Two rungs, then four short search trials one at a time (no early stopping), so the kill
         # lands between a finished trial and a running one.
         data["search"].update(
             doubling={

@@ -1,7 +1,7 @@
 """From a loaded run folder to the acceptance checks: what is judged, against what, at what cost.
 
 The rules themselves are pure (rayrl.judge.acceptance); this is the one place that decides which
-iterations they see. A sweep is judged on its best phase-2 trial, a train run on its one trial,
+iterations they see. A sweep is judged on its best search trial, a train run on its one trial,
 both past their warm-up iterations. The expected throughput comes from the doubling ladder, and
 the cost figures (the run's USD, the ladder's USD per sample, a configuration's steady-state cost
 per effective sample) from rayrl.observe.cost at the run's prices.

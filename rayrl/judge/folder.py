@@ -57,7 +57,7 @@ class RunFolder:
     summary: dict = field(default_factory=dict)
     doubling: pd.DataFrame | None = None
     trials: pd.DataFrame | None = None
-    confirm: pd.DataFrame | None = None  # confirm.csv: phase 2's top configs re-run on fresh seeds
+    confirm: pd.DataFrame | None = None  # confirm.csv: the search's top configs re-run on fresh seeds
     best_config: dict | None = None
     drill: dict | None = None
     posture: dict | None = None  # posture.json: auth, TLS, listeners, run-folder permissions
@@ -173,7 +173,7 @@ def load(path: str | Path) -> RunFolder:
             run.confirm["reached"] = run.confirm["reached"].eq("True")
         run.best_config = _read_yaml(root / "best_config.yaml", required=False) or None
         if run.best_config is None:
-            notes.append("best_config.yaml is missing: no phase-2 trial finished.")
+            notes.append("best_config.yaml is missing: no search trial finished.")
     elif not summary:
         notes.append("summary.json is missing: the run is still going or stopped before finishing.")
     run.drill = _read_drill(root / "drill.json")
@@ -182,8 +182,8 @@ def load(path: str | Path) -> RunFolder:
 
 
 def best_trial_id(run: RunFolder) -> str | None:
-    """The trial that speaks for summary.json's best: its phase-2 trial (by trial_id, else batch size and lr),
-    a confirmation run when the winner never ran in phase 2, else the top of runfolder.rank_trials."""
+    """The trial that speaks for summary.json's best: its search trial (by trial_id, else batch size and lr),
+    a confirmation run when the winner never ran in the search, else the top of runfolder.rank_trials."""
     trials = run.trials
     if trials is None or trials.empty:
         return None
@@ -191,12 +191,11 @@ def best_trial_id(run: RunFolder) -> str | None:
     if best.get("trial_id") is not None and str(best["trial_id"]) in set(trials["trial_id"].astype(str)):
         return str(best["trial_id"])
     if best.get("trial_id") is not None and run.confirm is not None:
-        # a config phase 2 never ran (the spec's own, search.confirm_baseline) won the confirmation:
+        # a config the search never ran (the spec's own, search.confirm_baseline) won the confirmation:
         # its first run that reached the target (by seed), else its first run, speaks for it
-        runs = run.confirm[run.confirm["phase2_trial_id"].astype(str) == str(best["trial_id"])]
-        if not runs.empty:
-            runs = runs.sort_values(["reached", "seed"], ascending=[False, True], kind="stable")
-            return str(runs.iloc[0]["trial_id"])
+        speaker = runfolder.speaking_run(run.confirm.to_dict("records"), str(best["trial_id"]))
+        if speaker is not None:
+            return speaker
     if "batch_size" in best and "lr" in best:
         match = trials[(trials["batch_size"] == best["batch_size"])]
         if not match.empty:

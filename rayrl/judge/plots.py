@@ -45,7 +45,7 @@ def plot_doubling(run: RunFolder, ax: Any = None) -> Any:
     """Env steps/s per rung; the bar each rung had to clear (previous x (1 + min_gain)); the knee."""
     ax = _axes(ax)
     d = run.doubling
-    if d is None or _no_data(ax, d, "no doubling ladder (not a sweep)"):
+    if _no_data(ax, d, "no doubling ladder (not a sweep)") or d is None:
         return ax
     g = min_gain(run)
     ax.plot(d["batch_size"], d["env_steps_per_s"], "o-", color="tab:blue", label="measured env steps/s")
@@ -151,13 +151,13 @@ def plot_trial_curves(run: RunFolder, ax: Any = None, phase: str = "search") -> 
 
 
 def plot_lr_return(run: RunFolder, ax: Any = None) -> Any:
-    """Each phase-2 trial's last return against its lr (log axis over the searched range), coloured by batch
+    """Each search trial's last return against its lr (log axis over the searched range), coloured by batch
     size, marked by how the trial ended; the best trial ringed, the target dotted."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     ax = _axes(ax)
     t = run.trials
-    if t is None or _no_data(ax, t, "no search trials"):
+    if _no_data(ax, t, "no search trials") or t is None:
         return ax
     for batch, g in t.groupby("batch_size"):
         ax.scatter(g["lr"], g["episode_return_mean"], marker="o", s=36, zorder=3, label=f"batch {int(batch)}")
@@ -196,7 +196,7 @@ def plot_lr_return(run: RunFolder, ax: Any = None) -> Any:
     ax.xaxis.set_minor_formatter(NullFormatter())  # unlabeled minor ticks: the labels ran into each other
     ax.set_xlabel(f"learning rate (log scale; searched {search.lr_min:.0e} to {search.lr_max:.0e})")
     ax.set_ylabel("episode return at the trial's end")
-    ax.set_title("Learning rate against return (phase-2 trials)")
+    ax.set_title("Learning rate against return (search trials)")
     ax.legend(fontsize=7)
     return ax
 
@@ -206,7 +206,7 @@ def plot_confirm(run: RunFolder, ax: Any = None) -> Any:
     with the candidate's median (bar) and 95% bootstrap interval; the shipped candidate in green."""
     ax = _axes(ax)
     c, runs = run.summary.get("confirm"), run.confirm
-    if runs is None or _no_data(ax, runs, "no confirmation (search.confirm_top_k: 0)") or not c:
+    if _no_data(ax, runs, "no confirmation (search.confirm_top_k: 0)") or runs is None or not c:
         return ax
     objective = c["objective"]
     finite = runs.loc[runs["reached"], objective]

@@ -153,7 +153,7 @@ def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseli
     if run.trials is None:
         out += ["Not applicable: a train run is one trial (see Training).", ""]
     elif run.trials.empty:
-        out += ["No phase-2 trial reported.", ""]
+        out += ["No search trial reported.", ""]
     else:
         t = run.trials.sort_values("episode_return_mean", ascending=False)
         out += [
@@ -236,14 +236,14 @@ def confirmation_section(run: RunFolder) -> list[str]:
     out = ["## Confirmation on fresh seeds", ""]
     if not c or run.confirm is None:
         return out + [
-            "Not run (search.confirm_top_k: 0, or no usable phase-2 trial): best_config.yaml is phase "
-            "2's single best run, on one seed.",
+            "Not run (search.confirm_top_k: 0, or no usable search trial): best_config.yaml is the "
+            "search's single best run, on one seed.",
             "",
         ]
     unit = {"usd": "USD", "wall_s": "wall s", "env_steps": "env steps"}.get(c.get("objective"), c.get("objective"))
     out += [
-        f"Phase 2's top {len(c['candidates'])} configs, each re-run on seeds {c['seeds']} (never used in "
-        f"phase 1 or 2) for up to {_fmt(c.get('env_steps_budget'), ',.0f')} env steps. The shipped config "
+        f"The search's top {len(c['candidates'])} configs, each re-run on seeds {c['seeds']} (never used in "
+        f"the ladder or the search) for up to {_fmt(c.get('env_steps_budget'), ',.0f')} env steps. The shipped config "
         f"has the lowest median {unit} to return {_fmt(c.get('target_return'), 'g')}; a run that did not "
         "reach it counts as infinite (shown as -). Interval: 95% percentile bootstrap of the median. "
         '"race": the race stopped the run once its cost passed the best median so far (search.confirm_race): '
@@ -267,7 +267,7 @@ def confirmation_section(run: RunFolder) -> list[str]:
             ],
             (
                 "candidate",
-                "phase-2 trial",
+                "search trial",
                 "batch",
                 "lr",
                 "at target",

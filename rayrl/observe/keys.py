@@ -26,14 +26,12 @@ BACKEND = "rayrl/backend"  #: torch.distributed backend: none, gloo, nccl
 NUM_LEARNERS = "rayrl/num_learners"
 GLOBAL_BATCH = "rayrl/global_batch"  #: per-learner batch x learners
 EFFECTIVE_MINIBATCH = "rayrl/effective_minibatch"  #: minibatch x accumulation steps
-EFFECTIVE_LR = "rayrl/effective_lr"
 PRECISION = "rayrl/precision"
 NONFINITE_STEPS = "rayrl/nonfinite_steps"  #: skipped non-finite steps, lifetime
 LOSS_SCALE = "rayrl/loss_scale"  #: fp16 dynamic loss scale (NaN otherwise)
 GRAD_NORM = "rayrl/grad_norm"  #: pre-clip global gradient norm
 TOTAL_LOSS = "rayrl/total_loss"
 HUNG_RUNNER_RESTARTS = "rayrl/hung_runner_restarts"  #: EnvRunners the watchdog restarted (this process)
-CHECKPOINT_STALL_S = "rayrl/checkpoint_stall_s"  #: training time the last checkpoint took
 CHECKPOINT_UPLOAD_FAILURES = "rayrl/checkpoint_upload_failures"  #: failed upload attempts (retried)
 
 

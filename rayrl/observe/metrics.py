@@ -93,7 +93,7 @@ def trial_tags(algorithm: Any) -> tuple[str, str]:
     RLlib drops Tune's trial info from the config, so inside a trial ``algorithm.trial_id`` says
     "default"; the trial's StorageContext still names it. The experiment is "RUN/TUNE_EXPERIMENT"
     (e.g. "my-sweep/phase2", "my-run/tune"): the run folder's name (the last part of Tune's
-    storage path) and Tune's experiment in it, so two sweeps' phase 2 do not share a tag. The
+    storage path) and Tune's experiment in it, so two sweeps' searches do not share a tag. The
     trial is Tune's trial id, parsed from the trial folder name ("PPO_<id>" as rayrl names it).
     """
     info = getattr(algorithm, "_trial_info", None)

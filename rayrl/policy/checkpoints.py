@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rayrl import runfolder
 from rayrl.errors import SpecError
 
 MODULE_PATH = Path("learner_group", "learner", "rl_module", "default_policy")
@@ -40,6 +41,12 @@ def _default_trial(root: Path, trial_dirs: dict[str, Path]) -> str:
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     best = (summary.get("best") or {}).get("trial_id")
     if summary.get("kind") == "sweep" and best:
+        confirm = root / runfolder.CONFIRM
+        if str(best) not in trial_dirs and confirm.is_file():
+            # the winner never ran in the search (the spec's own config): its confirmation run
+            speaker = runfolder.speaking_run(runfolder.read_confirm(confirm), str(best))
+            if speaker is not None:
+                return speaker
         return str(best)
     member = (summary.get("population") or {}).get("best_trial_id")
     if member:  # a PBT population: its best member

@@ -175,7 +175,7 @@ class RayrlTorchLearnerMixin(_LearnerBase):
         self._rayrl_dtype = check_precision(self.rayrl.precision, self._device)
         if self.rayrl.precision == "fp16" and self._device.type == "cpu":
             # Correct but slow: CPUs without AVX512-FP16/AMX-FP16 run fp16 matmuls through
-            # reference kernels (docs/learner.md: ~0.06x fp32 measured on an AMD EPYC).
+            # reference kernels (docs/learner.md has the measured slowdown).
             logger.warning(
                 "precision.mode 'fp16' on a CPU learner: correct, but torch's CPU fp16 "
                 "matmuls are much slower than fp32; use bf16 on CPUs and fp16 on GPUs."

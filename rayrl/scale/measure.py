@@ -20,6 +20,7 @@ import pandas as pd
 
 from rayrl import runfolder
 from rayrl.judge.folder import RunFolder, RunFolderError, best_trial_id, knee_batch, load
+from rayrl.observe import keys
 from rayrl.scale.model import Measured, fit_critical_batch, min_env_steps
 
 RLLIB_TIMER_EMA = 0.01
@@ -76,7 +77,7 @@ def space_dims(env_id: str, env_config: dict | None = None) -> tuple[int, int]:
 
 
 def trial_progress(run: RunFolder) -> tuple[pd.DataFrame, str]:
-    """Tune's progress.csv of the trial the plan measures: the best phase-2 trial, else the knee rung,
+    """Tune's progress.csv of the trial the plan measures: the best search trial, else the knee rung,
     else (a train run) the run's trial; with the trial id."""
     root = run.path
     candidates: list[tuple[str, str]] = []
@@ -140,8 +141,8 @@ def measure(
     learners = res.learners
     per_learner = batch // max(learners, 1)
     minibatch = (
-        int(frame["rayrl/effective_minibatch"].iloc[-1])
-        if "rayrl/effective_minibatch" in frame
+        int(frame[keys.EFFECTIVE_MINIBATCH].iloc[-1])
+        if keys.EFFECTIVE_MINIBATCH in frame
         else int(algo.get("minibatch_size", 256))
     )
     sample_s = steady(unsmooth(frame[SAMPLE_TIMER].tolist()))

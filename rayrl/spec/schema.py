@@ -115,7 +115,7 @@ class EvaluationSpec:
     env_runners: int = doc(0, "EnvRunner actors of its own for evaluation; 0 evaluates in the trial's process", min=0)
     judge: str = doc(
         "evaluation",
-        "when evaluation is on, the return that ranks phase-2 trials (scheduler, "
+        "when evaluation is on, the return that ranks search trials (scheduler, "
         "searcher, best trial, best_config.yaml), stops a run (stop.episode_return) and the report's "
         "reward part judges: evaluation or training",
         choices=JUDGES,
@@ -228,29 +228,29 @@ class DoublingSpec:
 
 @dataclass(frozen=True)
 class SearchSpec:
-    doubling: DoublingSpec = doc(DoublingSpec(), "phase 1: the throughput ladder")
-    scheduler: str = doc("asha", "phase 2 trial scheduler: asha or hyperband", choices=SCHEDULERS)
-    num_samples: int = doc(8, "phase 2 trials (Optuna TPE proposals)", min=1)
-    max_env_steps: int = doc(200_000, "phase 2 budget per trial, env steps (the scheduler's time unit)", min=1)
+    doubling: DoublingSpec = doc(DoublingSpec(), "the ladder: the throughput ladder")
+    scheduler: str = doc("asha", "the search's trial scheduler: asha or hyperband", choices=SCHEDULERS)
+    num_samples: int = doc(8, "search trials (Optuna TPE proposals)", min=1)
+    max_env_steps: int = doc(200_000, "the search's budget per trial, env steps (the scheduler's time unit)", min=1)
     grace_env_steps: int = doc(40_000, "ASHA: env steps before a trial may be stopped", min=1)
     reduction_factor: float = doc(3.0, "ASHA/HyperBand reduction factor", gt=1.0)
-    lr_min: float = doc(1e-5, "phase 2 lr search range, lower end (log-uniform)", gt=0.0)
-    lr_max: float = doc(1e-3, "phase 2 lr search range, upper end", gt=0.0)
-    max_concurrent: int = doc(0, "phase 2 trials at once; 0 derives it from the cluster's CPUs and GPUs", min=0)
+    lr_min: float = doc(1e-5, "the search's lr range, lower end (log-uniform)", gt=0.0)
+    lr_max: float = doc(1e-3, "the search's lr range, upper end", gt=0.0)
+    max_concurrent: int = doc(0, "search trials at once; 0 derives it from the cluster's CPUs and GPUs", min=0)
     min_batch: int = doc(
         256,
-        "phase 2 also searches batches below doubling.start, dividing by doubling.factor "
+        "the search also tries batches below doubling.start, dividing by doubling.factor "
         "down to this (none if above the start): the ladder bounds the batch from above "
         "(throughput), sample efficiency decides below it",
         min=1,
     )
     confirm_top_k: int = doc(
         3,
-        "confirmation: re-run the best k phase-2 configs on fresh seeds; 0 skips "
-        "it (best_config.yaml is then phase 2's single best run)",
+        "confirmation: re-run the best k searched configs on fresh seeds; 0 skips "
+        "it (best_config.yaml is then the search's single best run)",
         min=0,
     )
-    confirm_seeds: int = doc(3, "confirmation: fresh seeds per config (never used in phase 1 or 2)", min=1)
+    confirm_seeds: int = doc(3, "confirmation: fresh seeds per config (never used in the ladder or the search)", min=1)
     confirm_baseline: bool = doc(
         True,
         "confirmation: the spec's own batch and lr run too (candidate 'spec' "
@@ -267,7 +267,7 @@ class SearchSpec:
     confirm_env_steps: int | None = doc(
         None,
         "confirmation: budget per run, env steps (a run stops at "
-        "stop.episode_return); null: search.max_env_steps, phase 2's budget, so "
+        "stop.episode_return); null: search.max_env_steps, the search's budget, so "
         "shrinking the search shrinks its confirmation too",
         min=1,
     )

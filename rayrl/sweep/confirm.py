@@ -1,8 +1,8 @@
-"""The confirmation step's rules: which phase-2 configs to re-run, on which seeds, and which wins.
+"""The confirmation step's rules: which searched configs to re-run, on which seeds, and which wins.
 
-Phase 2 runs each config once, on one seed, so its best trial is partly luck. The sweep re-runs
+The search runs each config once, on one seed, so its best trial is partly luck. The sweep re-runs
 the top ``search.confirm_top_k`` configs on ``search.confirm_seeds`` fresh seeds (never used by
-phase 1 or 2) and ships the config with the lowest *median* cost to the target return, where
+the ladder or the search) and ships the config with the lowest *median* cost to the target return, where
 the cost is ``search.objective``: wall seconds, env steps or dollars (rayrl.observe.cost's price model).
 A run that did not reach the target costs infinity, so a config that fails on most seeds cannot
 win on one lucky run. The spread is reported as rliable does (Agarwal et al., 2021): the median,
@@ -32,7 +32,7 @@ SEED_STRIDE = 1000  #: confirmation seeds are phase seed + k x this: far from th
 
 
 def top_configs(trials: Iterable[dict], k: int) -> list[dict]:
-    """The ``k`` best distinct (batch size, lr) configs of phase 2, best first."""
+    """The ``k`` best distinct (batch size, lr) configs of the search, best first."""
     out: list[dict] = []
     seen: set[tuple] = set()
     for t in rank_trials(trials):
@@ -52,7 +52,7 @@ BASELINE_ID = "spec"
 def with_baseline(candidates: Sequence[dict], batch_size: int, lr: float) -> list[dict]:
     """``candidates`` plus the spec's own (batch size, lr) last, unless one of them already is it.
 
-    Why: the top phase-2 configs won single noisy runs; without the starting point on the same
+    Why: the top searched configs won single noisy runs; without the starting point on the same
     fresh seeds, the sweep can ship a config slower than the one it started from.
     """
     out = list(candidates)
@@ -64,7 +64,7 @@ def with_baseline(candidates: Sequence[dict], batch_size: int, lr: float) -> lis
 
 
 def fresh_seeds(phase_seed: int, n: int, stride: int = SEED_STRIDE) -> list[int]:
-    """``n`` seeds phase 1 and 2 never used (they ran with ``phase_seed``), far apart so the env seeds
+    """``n`` seeds the ladder and the search never used (they ran with ``phase_seed``), far apart so the env seeds
     RLlib derives from each (seed + runner and env index) do not overlap either."""
     return [phase_seed + stride * (i + 1) for i in range(n)]
 
@@ -122,7 +122,7 @@ def summarise(runs: Sequence[dict], objective: str, seed: int = 0) -> list[dict]
     """Per candidate: its runs' costs, median, IQM and bootstrap interval, runs at the target, median return.
 
     ``runs``: rows of confirm.csv (``candidate``, ``batch_size``, ``lr``, ``phase2_trial_id``, the cost
-    columns, ``reached``, ``episode_return_mean``). Candidates come back in their phase-2 rank order.
+    columns, ``reached``, ``episode_return_mean``). Candidates come back in their search rank order.
     """
     by: dict[int, list[dict]] = {}
     for r in runs:
@@ -217,7 +217,7 @@ def stop_reason(reached: bool, errored: bool, env_steps: float | None, budget: f
 
 def choose(candidates: Sequence[dict]) -> dict | None:
     """The confirmed config: the lowest median cost; ties (e.g. none reached the target: all infinite) go
-    to the higher median return, then to the better phase-2 rank. (The race never censors a run while no
+    to the higher median return, then to the better search rank. (The race never censors a run while no
     median is finite, so the no-winner tie-break sees whole runs.)"""
     if not candidates:
         return None

@@ -26,8 +26,19 @@ from rayrl.tune import resources
 from rayrl.tune.tuner import analysis, base_params, make_tuner
 
 
+def costs(result: dict, held: TrialResources, prices: CostSpec) -> dict[str, float]:
+    """What a run has spent so far in each objective's unit (search.objective picks one): env steps,
+    wall seconds, and dollars for the resources it holds. The stopper and confirm.csv both use this."""
+    wall = float(result.get(keys.TIME_TOTAL) or 0.0)
+    return {
+        "env_steps": float(keys.lookup(result, keys.ENV_STEPS, 0) or 0),
+        "wall_s": wall,
+        "usd": trial_cost(held, wall, prices),
+    }
+
+
 def confirm_budget(search: SearchSpec) -> int:
-    """Env steps per confirmation run: search.confirm_env_steps, else phase 2's per-trial budget."""
+    """Env steps per confirmation run: search.confirm_env_steps, else the search's per-trial budget."""
     return search.max_env_steps if search.confirm_env_steps is None else search.confirm_env_steps
 
 
@@ -111,9 +122,9 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
         rank, seed = stop.which(trial.config)
         c = candidates[rank - 1]
         m = trial.last_result or {}
-        # the judged return (evaluation when the spec judges by it), last known, as phase 2 and the stop use
+        # the judged return (evaluation when the spec judges by it), last known, as the search and the stop use
         ret, steps = keys.lookup(m, keys.return_key(spec.judged_by)), keys.lookup(m, keys.ENV_STEPS)
-        wall = float(m.get(keys.TIME_TOTAL) or 0.0)
+        spent = costs(m, held, spec.cost)
         errored = trial.status == "ERROR"
         reached = not errored and runfolder.reached(ret, spec.stop.episode_return)
         rows.append(
@@ -125,8 +136,8 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
                 "seed": seed,
                 "trial_id": trial.trial_id,
                 "env_steps": steps,
-                "wall_s": round(wall, 3),
-                "usd": trial_cost(held, wall, spec.cost),
+                "wall_s": round(spent["wall_s"], 3),
+                "usd": spent["usd"],
                 "episode_return_mean": finite(ret),
                 "reached": reached,
                 "stopped": rules.stop_reason(reached, errored, steps, confirm_budget(s)),
@@ -168,12 +179,7 @@ class ConfirmStopper(Stopper):
 
     def cost(self, result: dict) -> float:
         """The run's cost so far under the objective (env steps, wall seconds or dollars)."""
-        wall = float(result.get(keys.TIME_TOTAL) or 0.0)
-        if self.objective == "env_steps":
-            return float(keys.lookup(result, keys.ENV_STEPS, 0) or 0)
-        if self.objective == "wall_s":
-            return wall
-        return trial_cost(self.held, wall, self.prices)
+        return costs(result, self.held, self.prices)[self.objective]
 
     def __call__(self, trial_id: str, result: dict) -> bool:
         steps = float(keys.lookup(result, keys.ENV_STEPS, 0) or 0)

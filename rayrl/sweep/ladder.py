@@ -1,4 +1,4 @@
-"""The ladder (phase 1): the doubling rule as pure functions over measured rungs (no Ray here).
+"""The ladder (the ladder): the doubling rule as pure functions over measured rungs (no Ray here).
 
 Start at ``start``, multiply by ``factor``; stop growing when a doubling gains less than
 ``min_gain`` in env steps/s, at ``cap``, or when a rung fails. The knee is the last rung whose
@@ -64,13 +64,13 @@ def next_batch(rungs: Sequence[Rung], *, start: int, factor: int, cap: int, min_
 
 
 def admissible(rows: Sequence[LadderRow]) -> list[int]:
-    """The batch sizes phase 2 may search: measured rungs up to and including the knee."""
+    """The batch sizes the search may try: measured rungs up to and including the knee."""
     k = knee(rows)
     return [r.batch_size for r in rows if k is not None and r.env_steps_per_s is not None and r.batch_size <= k]
 
 
 def search_batches(ladder: Sequence[int], *, start: int, factor: int, min_batch: int) -> list[int]:
-    """Phase 2's batch sizes: below the ladder's start (``start`` / factor, / factor^2, ... down to
+    """The search's batch sizes: below the ladder's start (``start`` / factor, / factor^2, ... down to
     ``min_batch``), then the admissible ladder. The ladder bounds the batch from above by throughput;
     below its start, sample efficiency alone decides (a small batch can reach a target in fewer env steps).
     """
@@ -92,7 +92,7 @@ def minibatch_for(batch: int, base_batch: int, base_minibatch: int) -> int:
 
     At or above the spec's batch (the ladder's rungs) the number of minibatches per epoch stays
     constant, so every rung does the same SGD steps per iteration and is measured by what it
-    amortises. Below it (phase 2's batches down to search.min_batch) the spec's minibatch stays,
+    amortises. Below it (the search's batches down to search.min_batch) the spec's minibatch stays,
     capped at the batch: shrinking it too would multiply the SGD steps per env step, and their
     fixed cost dominates small batches (docs/benchmarks.md has the CartPole measurement).
     """

@@ -22,7 +22,7 @@ from rayrl.tune.tuner import analysis, base_params, make_tuner
 
 
 def ladder(spec: Spec, paths: runtime.RunPaths) -> tuple[list[runfolder.LadderRow], int]:
-    """Phase 1: the rungs and their decisions (doubling.csv), and the env steps they cost."""
+    """The ladder: the rungs and their decisions (doubling.csv), and the env steps they cost."""
     done = paths.run_dir / runfolder.DOUBLING
     if done.exists():
         rows = runfolder.read_doubling(done)
@@ -60,7 +60,7 @@ def ladder(spec: Spec, paths: runtime.RunPaths) -> tuple[list[runfolder.LadderRo
 
 
 def search(spec: Spec, paths: runtime.RunPaths, batches: list[int]) -> tuple[list[dict], int]:
-    """Phase 2: ASHA/HyperBand + Optuna over lr x batch; trials.csv's rows and the env steps they cost."""
+    """The search: ASHA/HyperBand + Optuna over lr x batch; trials.csv's rows and the env steps they cost."""
     s = spec.search
     concurrent = concurrency(spec)
     print(
@@ -94,7 +94,7 @@ def concurrency(spec: Spec) -> int:
 
 
 def trial_row(trial: Any, spec: Spec) -> dict:
-    """trials.csv's row for one phase-2 trial."""
+    """trials.csv's row for one search trial."""
     m = trial.last_result or {}
     ret = keys.lookup(m, keys.return_key(spec.judged_by))
     steps = keys.lookup(m, keys.ENV_STEPS)

@@ -1,4 +1,4 @@
-"""Tune-side search: the doubling rule as a Searcher (phase 1); ASHA/HyperBand + Optuna (phase 2)."""
+"""Tune-side search: the doubling rule as a Searcher (the ladder); ASHA/HyperBand + Optuna (the search)."""
 
 from __future__ import annotations
 

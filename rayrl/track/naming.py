@@ -60,7 +60,7 @@ def trial_params(spec: Spec, config: Mapping[str, Any]) -> dict[str, Any]:
         flat["algo.train_batch_per_learner"] = config["train_batch_size_per_learner"]
     if "minibatch_size" in config:
         flat["algo.minibatch_size"] = config["minibatch_size"]
-    if "rayrl_lr" in config:  # phase 2: the lr Optuna chose, before the learner scaling rule
+    if "rayrl_lr" in config:  # the search: the lr Optuna chose, before the learner scaling rule
         flat["algo.lr"] = config["rayrl_lr"]
     elif isinstance(config.get("lr"), (int, float)):  # the RLlib lr is the scaled one; undo the scaling
         flat["algo.lr"] = config["lr"] / (spec.effective_lr / spec.algo.lr)

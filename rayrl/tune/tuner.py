@@ -54,7 +54,7 @@ def make_tuner(
     trainable = algorithm_class(spec.algo.name)
     # The long run (and the drills' copies of it): tiered, verified checkpoints, SIGTERM handling and
     # a failure budget by rate. Sweep trials keep Tune's own checkpoints and lifetime retry count, so
-    # one broken phase-2 trial errors alone instead of ending the sweep.
+    # one broken search trial errors alone instead of ending the sweep.
     production = checkpoints and phase == runfolder.TRAIN
     if production:
         trainable = tiered_trainable(trainable, settings_for(spec))
@@ -75,7 +75,7 @@ def make_tuner(
         name=subdir,
         **paths.tune_storage(),
         stop=stop if stop is not None else stop_criteria(spec),
-        # Measurement-only trials (phase 1) keep no checkpoints and are not retried: a failing rung
+        # Measurement-only trials (the ladder) keep no checkpoints and are not retried: a failing rung
         # is a finding (the ladder ends there), not an accident.
         # A PBT member restores another member's checkpoint some iterations after it was chosen; a keep
         # limit can delete it first ("does not exist on storage anymore"), so a population keeps all.
