@@ -170,8 +170,9 @@ def _value(stat: Any) -> float:
 
 def measure_precision(device: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     """Median learner samples/s, loss scale and non-finite steps per precision on ``device``."""
-    import precision as P
     import torch
+
+    from benchmarks import precision as P
 
     modes = ("fp32", "bf16", "fp16")
     batch = P.make_batch(args.batch, args.obs_dim, args.actions)

@@ -40,10 +40,10 @@ DRIVER_PHASES = {
     "sampling": ("rllib/execution/rollout_ops.py", "synchronous_parallel_sample"),
     "learner_update": ("rllib/core/learner/learner_group.py", "update"),
     "learner_connector": ("rllib/connectors/learner/learner_connector_pipeline.py", "__call__"),
-    "rayrl_learner_minibatches": ("rayrl/learner.py", "_uncompiled_update"),
-    "rayrl_learner_step": ("rayrl/learner.py", "_rayrl_step"),
+    "rayrl_learner_minibatches": ("rayrl/rllib/learner.py", "_uncompiled_update"),
+    "rayrl_learner_step": ("rayrl/rllib/learner.py", "_rayrl_step"),
     "weight_sync": ("rllib/env/env_runner_group.py", "sync_weights"),
-    "rayrl_callback": ("rayrl/algo.py", "on_train_result"),
+    "rayrl_callback": ("rayrl/rllib/callback.py", "on_train_result"),
 }
 RUNNER_PHASES = {
     "sample_total": ("rllib/env/single_agent_env_runner.py", "sample"),

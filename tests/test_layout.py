@@ -163,3 +163,17 @@ def test_every_module_and_name_the_docs_cite_exists():
                     break
                 obj = getattr(obj, attr)
     assert sorted(wrong) == []
+
+
+def test_every_source_path_the_code_names_exists():
+    """`rayrl/x/y.py` strings in the package, the benchmarks and the tests (a profiler's frame filter, a
+    message) name files that exist."""
+    wrong = []
+    here = Path(__file__).resolve()
+    for path in [*PACKAGE.rglob("*.py"), *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "tests").glob("*.py")]:
+        if path.resolve() == here:  # its own docstrings show the pattern
+            continue
+        for named in set(re.findall(r"\brayrl/[\w/]+\.py\b", path.read_text())):
+            if not (ROOT / named).exists():
+                wrong.append(f"{path.relative_to(ROOT)}: {named}")
+    assert wrong == []

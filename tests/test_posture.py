@@ -93,7 +93,7 @@ def test_the_posture_of_a_local_ray_says_what_really_listens(tmp_path: Path) -> 
     (Ray 2.60 binds them to every interface even on one machine): the posture records them and,
     with token auth on, the report leaves the firewall question open (N/A) rather than passing it."""
     code = (
-        "import json, sys; from pathlib import Path; from rayrl import runtime, posture; "
+        "import json, sys; from pathlib import Path; from rayrl import runtime; from rayrl.security import posture; "
         "runtime.init_ray(None, 1); import time; time.sleep(8); "
         f"print(json.dumps(posture.record(Path({str(tmp_path)!r}), {str(tmp_path)!r})))"
     )

@@ -16,10 +16,12 @@ import yaml
 from conftest import ROOT
 from test_sweep import check_run_folder
 
-from rayrl import runtime, sweep
+from rayrl import runtime
 from rayrl import spec as S
 from rayrl.observe import keys
 from rayrl.rllib import algo
+from rayrl.sweep.config import load_spec
+from rayrl.sweep.run import run as run_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -36,8 +38,8 @@ TINY = [
 
 
 def smoke_sweep(tmp_path, config, name: str, *sets: str) -> tuple[dict, pd.DataFrame]:
-    spec = sweep.load_spec(str(config), [*TINY, *sets], tiny=True)
-    summary = sweep.run(spec, runtime.resolve(str(tmp_path), name))
+    spec = load_spec(str(config), [*TINY, *sets], tiny=True)
+    summary = run_sweep(spec, runtime.resolve(str(tmp_path), name))
     run = tmp_path / name
     assert check_run_folder(run)["best"] == summary["best"]
     return summary, pd.read_csv(run / "history.csv")

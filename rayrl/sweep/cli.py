@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(args.config, args.overrides, tiny=args.smoke)
         paths = runtime.resolve(args.storage, args.name or spec.name, args.allow_shared_run_dir)
     except UserError as exc:
-        fail(str(exc), PROG)
+        fail(str(exc), "sweep")
         return EXIT_USAGE
     # The runner imports Ray, RLlib and Tune: only once the input is known to be good.
     from rayrl.sweep.run import run
@@ -61,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             runtime.record_posture(paths)
             summary = run(spec, paths)
     except SweepError as exc:
-        fail(str(exc), PROG)
+        fail(str(exc), "sweep")
         return 1
     except UserError as exc:  # the name is held by a live run, or a damaged run folder found on resume
-        fail(str(exc), PROG)
+        fail(str(exc), "sweep")
         return EXIT_USAGE
     except KeyboardInterrupt:
         sys.stderr.write("\nsweep: interrupted; run the same command again to resume.\n")
