@@ -147,12 +147,8 @@ def speaking_run(confirm_runs: Iterable[dict], phase2_trial_id: str) -> str | No
     runs = [r for r in confirm_runs if str(r["phase2_trial_id"]) == str(phase2_trial_id)]
     if not runs:
         return None
-    first = min(runs, key=lambda r: (not _truthy(r["reached"]), int(r["seed"])))
+    first = min(runs, key=lambda r: (not r["reached"], int(r["seed"])))  # rows as read_confirm parses them
     return str(first["trial_id"])
-
-
-def _truthy(value: Any) -> bool:
-    return value is True or str(value) == "True"
 
 
 def write_csv(out: TextWriter, rel: str, columns: Sequence[str], rows: Iterable[dict]) -> None:
