@@ -528,13 +528,13 @@ def test_rllib_same_settings_reproduces_the_hopper_spec():
         a.grad_clip,
     )
     assert config.env == "Hopper-v5" and config.seed == 7
-    assert (config.num_env_runners, config.num_envs_per_env_runner) == (1, 4)
+    assert (config.num_env_runners, config.num_envs_per_env_runner) == (0, 1)
     m = config.model_config
     assert m["fcnet_hiddens"] == [64, 64] and m["fcnet_activation"] == "tanh" and m["free_log_std"] is True
     from ray.rllib.connectors.env_to_module.mean_std_filter import MeanStdFilter
 
     assert isinstance(config._env_to_module_connector(None, None, None), MeanStdFilter)
-    assert (config.evaluation_interval, config.evaluation_duration, config.evaluation_num_env_runners) == (5, 5, 0)
+    assert (config.evaluation_interval, config.evaluation_duration, config.evaluation_num_env_runners) == (25, 10, 0)
     assert config.evaluation_config == {"explore": False}
     assert config.callbacks_class.__module__.startswith("ray.")  # no rayrl callback
     # CartPole's spec has neither: no filter, no evaluation, as before.

@@ -118,6 +118,14 @@ BAD = [
     ({"cost": {"spot_discount": 1.0}}, "cost.spot_discount", "< 1"),
     ({"algo": [1, 2]}, "algo", "not a mapping"),
     ({"checkpoint": {"every": 0}}, "checkpoint.every", ">= 1"),
+    ({"model": {"init": "xavier"}}, "model.init", "default, orthogonal"),
+    ({"algo": {"reward_clip": -1}}, "algo.reward_clip", ">= 0"),
+    ({"algo": {"adam_eps": 0}}, "algo.adam_eps", "> 0"),
+    ({"algo": {"lr_final": 0.0}, "stop": {"env_steps": None}}, "algo.lr_final", "set stop.env_steps"),
+    ({"algo": {"clip_final": 0.1}, "stop": {"env_steps": None}}, "algo.clip_final", "set stop.env_steps"),
+    ({"algo": {"name": "APPO", "normalize_reward": True}}, "algo.normalize_reward", "algo.name: PPO"),
+    ({"algo": {"name": "IMPALA"}, "model": {"init": "orthogonal"}}, "model.init", "algo.name: PPO"),
+    ({"algo": {"name": "IMPALA", "clip": 0.2}}, "algo.clip", "PPO or APPO"),
 ]
 
 

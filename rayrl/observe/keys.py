@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rayrl.spec import schedule
+
 ENV_STEPS = "num_env_steps_sampled_lifetime"  #: env steps sampled since the run began
 EPISODE_RETURN = "env_runners/episode_return_mean"  #: RLlib's: mean return of recent episodes; absent
 #: until the first episode finishes
@@ -64,4 +66,4 @@ LEARNER_SAMPLES_PER_S = "rayrl/learner_samples_per_s"
 def config_batch_lr(config: dict) -> tuple[Any, Any]:
     """(train batch per learner, lr) of an RLlib config dict, whichever spelling it carries."""
     batch = config.get("train_batch_size_per_learner", config.get("_train_batch_size_per_learner"))
-    return batch, config.get("lr")
+    return batch, schedule.first(config.get("lr"))

@@ -12,7 +12,7 @@ from rayrl.envs import registry
 from rayrl.rllib import models
 from rayrl.rllib.callback import RayrlCallback
 from rayrl.sampling import runner_class
-from rayrl.spec import Spec
+from rayrl.spec import Spec, schedule
 
 
 def env_name(spec: Spec) -> str:
@@ -45,23 +45,26 @@ def build_config(spec: Spec) -> AlgorithmConfig:
             learner_config_dict={**learner_settings(spec), "hung_runner_s": spec.checkpoint.hung_runner_s},
         )
         .training(
-            lr=spec.effective_lr,
+            lr=schedule.lr(a.lr, a.lr_final, spec.effective_lr, spec.stop.env_steps),
             gamma=a.gamma,
             train_batch_size_per_learner=a.train_batch_per_learner,
             minibatch_size=a.minibatch_size,
             num_epochs=a.epochs,
-            entropy_coeff=a.entropy_coeff,
+            entropy_coeff=schedule.points(a.entropy_coeff, a.entropy_final, spec.stop.env_steps),
             vf_loss_coeff=a.vf_loss_coeff,
             # rayrl's learner clips (and reports the pre-clip norm) itself: see rayrl.rllib.learner.
             grad_clip=None,
         )
-        .rl_module(model_config=models.model_config(spec.model, atari=registry.is_ale(spec.env.id)))
+        .rl_module(
+            model_config=models.model_config(spec.model, atari=registry.is_ale(spec.env.id)),
+            rl_module_spec=models.module_spec(spec),
+        )
         .callbacks(RayrlCallback)
         .debugging(seed=spec.seed, log_level="ERROR")
         .reporting(metrics_num_episodes_for_smoothing=20)
     )
     if spec.model.normalize_obs:
-        config.env_runners(env_to_module_connector=models.obs_filter)
+        config.env_runners(env_to_module_connector=models.obs_filter_factory(spec.model.obs_clip))
     if spec.evaluation.interval > 0:
         e = spec.evaluation
         config.evaluation(
@@ -73,8 +76,12 @@ def build_config(spec: Spec) -> AlgorithmConfig:
         )
     if spec.checkpoint.hung_runner_s > 0:  # a hung runner's late sample is dropped before the watchdog acts
         config.env_runners(sample_timeout_s=min(config.sample_timeout_s or 60.0, spec.checkpoint.hung_runner_s / 2))
+    if a.clip is not None:
+        config.training(clip_param=a.clip)
     if a.name == "PPO":
-        config = config.training(lambda_=a.gae_lambda)
+        config = config.training(
+            lambda_=a.gae_lambda, vf_clip_param=a.vf_clip if a.vf_clip is not None else float("inf")
+        )
         config.env_runners(rollout_fragment_length="auto")
     else:
         # IMPALA/APPO need minibatches made of whole rollout fragments.

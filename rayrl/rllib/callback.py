@@ -34,6 +34,9 @@ class RayrlCallback(RLlibCallback):
         self._observer = metrics.TrialObserver(algorithm)
         self._watchdog = Watchdog((algorithm.config.learner_config_dict or {}).get("hung_runner_s", 0.0))
 
+    def on_evaluate_start(self, *, algorithm: Any, **kwargs: Any) -> None:
+        sync_local_eval_connectors(algorithm)
+
     def on_train_result(self, *, algorithm: Any, result: dict, **kwargs: Any) -> None:
         cfg = algorithm.config
         if self._backend is None:
@@ -80,6 +83,25 @@ class RayrlCallback(RLlibCallback):
             if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
                 self._returns[name] = float(value)
         return dict(self._returns)
+
+
+def sync_local_eval_connectors(algorithm: Any) -> None:
+    """Give an in-process evaluation runner the training runners' connector states (MeanStdFilter).
+
+    RLlib's ``sync_env_runner_states`` returns early when a group has no remote runners, so with
+    ``evaluation.env_runners: 0`` the evaluation runner's observation filter never receives the
+    training statistics: it normalises by its own few evaluation steps and the greedy policy sees
+    observations it was not trained on (on Hopper, episodes of ~30 steps from a policy that hops
+    1,000). Remote evaluation runners are synced by RLlib itself.
+    """
+    from ray.rllib.core import COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_ENV_CONNECTOR
+
+    group, source = getattr(algorithm, "eval_env_runner_group", None), getattr(algorithm, "env_runner", None)
+    if group is None or source is None or group.num_remote_env_runners() > 0 or group.local_env_runner is None:
+        return
+    state = source.get_state(components=[COMPONENT_ENV_TO_MODULE_CONNECTOR, COMPONENT_MODULE_TO_ENV_CONNECTOR])
+    if state:
+        group.local_env_runner.set_state(state)
 
 
 def learner_backend(algorithm: Any) -> str:

@@ -33,7 +33,9 @@ from ray.rllib.algorithms.impala.torch.impala_torch_learner import IMPALATorchLe
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 
 from rayrl.errors import SpecError
-from rayrl.spec import PRECISIONS, Spec, import_callable
+from rayrl.spec import PRECISIONS, Spec, import_callable, schedule
+
+PPO_CLIP = 0.3  #: RLlib's PPOConfig.clip_param default, the clip anneal's start when algo.clip is null
 
 # Per-module learner metrics; rayrl.rllib.callback.RayrlCallback copies them into result["rayrl"].
 NONFINITE_STEPS = "rayrl_nonfinite_steps"  #: skipped non-finite steps, lifetime (rank 0 counts)
@@ -41,6 +43,7 @@ OVERFLOW_STEPS = "rayrl_overflow_steps"  #: fp16 steps skipped by the loss scale
 LOSS_SCALE = "rayrl_loss_scale"  #: fp16 dynamic loss scale after the last step
 GRAD_NORM = "rayrl_grad_norm"  #: pre-clip global gradient norm, last finite step
 OPTIMIZER_STEPS = "rayrl_optimizer_steps"  #: optimizer steps applied this iteration
+CLIP_PARAM = "rayrl_clip_param"  #: PPO's clip after the anneal's latest step (only with algo.clip_final)
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 logger = logging.getLogger(__name__)
@@ -67,6 +70,9 @@ class LearnerSettings:
     fp16_init_scale: float = 2.0**16
     fp16_growth_interval: int = 2000
     loss_hook: str | None = None
+    adam_eps: float = 1e-8
+    clip_schedule: Any = None  #: PPO: [[0, clip], [horizon, clip_final]] (rayrl.rllib.schedule); None: constant
+    reward_norm: dict | None = None  #: PPO: {"gamma": ..., "clip": ...} for NormalizeRewards; None: off
 
     @classmethod
     def from_config(cls, data: Mapping[str, Any] | None) -> LearnerSettings:
@@ -104,9 +110,23 @@ def learner_settings(spec: Spec) -> dict:
         "max_nonfinite_steps": spec.precision.max_nonfinite_steps,
         "fp16_init_scale": LearnerSettings.fp16_init_scale,
         "fp16_growth_interval": LearnerSettings.fp16_growth_interval,
+        "adam_eps": spec.algo.adam_eps,
+        "clip_schedule": clip_schedule(spec),
+        "reward_norm": (
+            {"gamma": spec.algo.gamma, "clip": spec.algo.reward_clip} if spec.algo.normalize_reward else None
+        ),
         # Prices travel with the config so each trial can publish its cost per million samples.
         "cost": dataclasses.asdict(spec.cost),
     }
+
+
+def clip_schedule(spec: Spec) -> schedule.Points | None:
+    """PPO's clip anneal (RLlib's clip_param takes no schedule, so rayrl's learner applies it)."""
+    a = spec.algo
+    if a.clip_final is None:
+        return None
+    points = schedule.points(a.clip if a.clip is not None else PPO_CLIP, a.clip_final, spec.stop.env_steps)
+    return points if isinstance(points, list) else None
 
 
 def resolve_hook(target: str) -> Callable[..., torch.Tensor]:
@@ -182,6 +202,27 @@ class RayrlTorchLearnerMixin(_LearnerBase):
             )
         self._rayrl_ddp = self.config.num_learners > 1 and dist.is_available() and dist.is_initialized()
         self._rayrl_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self._rayrl_clip_config: dict[str, Any] = {}
+        if self.rayrl.reward_norm is not None and self._learner_connector is not None:
+            from rayrl.rllib.connectors import NormalizeRewards
+
+            # First in the pipeline: before RLlib's one-step elongation (which marks every chunk
+            # truncated) and GAE, so the piece still sees which episodes ended.
+            self._learner_connector.prepend(NormalizeRewards(**self.rayrl.reward_norm))
+
+    def _rayrl_reward_norm(self) -> Any:
+        from rayrl.rllib.connectors import NormalizeRewards
+
+        pipeline = self._learner_connector
+        pieces = [c for c in (pipeline.connectors if pipeline is not None else []) if isinstance(c, NormalizeRewards)]
+        return pieces[0] if pieces else None
+
+    def configure_optimizers_for_module(self, module_id: str, config: Any = None) -> None:
+        super().configure_optimizers_for_module(module_id, config)
+        for _, opt in self.get_optimizers_for_module(module_id):
+            for group in opt.param_groups:
+                if "eps" in group:
+                    group["eps"] = self.rayrl.adam_eps
 
     def _rayrl_scaler(self, module_id: str) -> torch.amp.GradScaler:
         if module_id not in self._rayrl_scalers:
@@ -380,14 +421,21 @@ class RayrlTorchLearnerMixin(_LearnerBase):
         state = super().get_state(*args, **kwargs)
         if self._rayrl_scalers:
             state["rayrl_grad_scalers"] = {mid: sc.state_dict() for mid, sc in self._rayrl_scalers.items()}
+        norm = self._rayrl_reward_norm()
+        if norm is not None:
+            state["rayrl_reward_norm"] = norm.get_state()
         return state
 
     def set_state(self, state: dict) -> None:
         state = dict(state)
         scalers = state.pop("rayrl_grad_scalers", None) or {}
+        reward_norm = state.pop("rayrl_reward_norm", None)
         super().set_state(state)
         for mid, sd in scalers.items():
             self._rayrl_scaler(mid).load_state_dict(sd)
+        norm = self._rayrl_reward_norm()
+        if norm is not None and reward_norm:
+            norm.set_state(reward_norm)
 
 
 class _AsyncGuardMixin(_LearnerBase):
@@ -418,7 +466,26 @@ class _AsyncGuardMixin(_LearnerBase):
 
 
 class RayrlPPOLearner(RayrlTorchLearnerMixin, PPOTorchLearner):
-    """PPO with rayrl's precision, accumulation, clipping and non-finite guard."""
+    """PPO with rayrl's precision, accumulation, clipping, non-finite guard and clip anneal."""
+
+    def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
+        super().before_gradient_based_update(timesteps=timesteps)
+        points = self.rayrl.clip_schedule
+        if points is None:
+            return
+        from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+
+        clip = schedule.value_at(points, timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0))
+        self._rayrl_clip_config = {}
+        for mid in self.module.keys():
+            cfg = self.config.get_config_for_module(mid).copy(copy_frozen=False)
+            cfg.clip_param = clip
+            self._rayrl_clip_config[mid] = cfg
+            self.metrics.log_value((mid, CLIP_PARAM), clip, window=1)
+
+    def compute_loss_for_module(self, *, module_id: str, config: Any, batch: dict, fwd_out: dict) -> Any:
+        config = self._rayrl_clip_config.get(module_id, config)
+        return super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
 
 
 class RayrlAPPOLearner(_AsyncGuardMixin, RayrlTorchLearnerMixin, APPOTorchLearner):

@@ -7,6 +7,7 @@ preprocessed Atari frames, so a spec never has to know RLlib's catalog.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from rayrl.spec import ModelSpec
@@ -30,17 +31,38 @@ def model_config(model: ModelSpec, *, atari: bool = False) -> dict[str, Any]:
         "max_seq_len": model.max_seq_len,
         "free_log_std": model.free_log_std,
     }
+    if model.init != "default":
+        out["rayrl_init"] = model.init
+    if model.log_std_init is not None:
+        out["rayrl_log_std_init"] = model.log_std_init
     if filters is not None:
         layers: list[list[Any]] = [list(layer) for layer in filters]  # [channels, [kh, kw], stride(, padding)]
         out["conv_filters"] = [[int(c), [int(k) for k in kernel], int(s), *pad] for c, kernel, s, *pad in layers]
     return out
 
 
-def obs_filter(env: Any = None, spaces: Any = None, device: Any = None) -> Any:
+def obs_filter(env: Any = None, spaces: Any = None, device: Any = None, *, clip: float = 10.0) -> Any:
     """The env-to-module connector piece for ``model.normalize_obs``: a running mean/std filter.
 
     RLlib checkpoints its state and merges it across env runners after every iteration.
     """
     from ray.rllib.connectors.env_to_module.mean_std_filter import MeanStdFilter
 
-    return MeanStdFilter(multi_agent=False)
+    return MeanStdFilter(multi_agent=False, clip_by_value=clip if clip > 0 else None)
+
+
+def obs_filter_factory(clip: float) -> Any:
+    """``obs_filter`` with ``model.obs_clip`` bound (a partial, so env runner actors unpickle it)."""
+    return functools.partial(obs_filter, clip=clip)
+
+
+def module_spec(spec: Any) -> Any:
+    """rayrl's PPO module when the spec asks for its initialisation; else None (RLlib's default)."""
+    m = spec.model
+    if spec.algo.name != "PPO" or (m.init == "default" and m.log_std_init is None):
+        return None
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+    from rayrl.rllib.modules import RayrlPPOTorchRLModule
+
+    return RLModuleSpec(module_class=RayrlPPOTorchRLModule)

@@ -170,6 +170,7 @@ def validate(spec: Spec) -> None:
             f"resources.gpus_per_learner: {spec.resources.gpus_per_learner} with learners: 0; "
             "the local learner takes 0 or 1 GPU."
         )
+    check_recipe(spec)
     preflight.check_conv_filters(spec.model.conv_filters)
     preflight.check_env(spec.env.id)
     preflight.check_backend(spec.env)
@@ -182,6 +183,36 @@ def validate(spec: Spec) -> None:
             f"population.entropy_min: {pop.entropy_min} is above population.entropy_max "
             f"({pop.entropy_max}); the entropy range must be non-empty."
         )
+
+
+def check_recipe(spec: Spec) -> None:
+    """The PPO recipe's fields: which algorithms take them, and that an anneal has a horizon."""
+    a, m = spec.algo, spec.model
+    ppo_only = {
+        "algo.normalize_reward": a.normalize_reward,
+        "algo.clip_final": a.clip_final is not None,
+        "model.log_std_init": m.log_std_init is not None,
+        "model.init": m.init != "default",
+    }
+    if a.name != "PPO":
+        for name, on in ppo_only.items():
+            if on:
+                raise SpecError(
+                    f"{name}: set with algo.name {a.name}; it is applied by rayrl's PPO learner and module "
+                    "only. Use algo.name: PPO or remove the field."
+                )
+        if a.clip is not None and a.name == "IMPALA":
+            raise SpecError("algo.clip: IMPALA has no clipped objective; use PPO or APPO, or set algo.clip: null.")
+    for name, final in (
+        ("algo.lr_final", a.lr_final),
+        ("algo.clip_final", a.clip_final),
+        ("algo.entropy_final", a.entropy_final),
+    ):
+        if final is not None and spec.stop.env_steps is None:
+            raise SpecError(
+                f"{name}: {final} anneals over stop.env_steps, which is null; set stop.env_steps (the "
+                f"schedule's horizon) or set {name}: null for a constant value."
+            )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ RUNNERS = ("fast", "rllib")
 ENV_BACKENDS = ("gymnasium", "envpool")
 OBJECTIVES = ("usd", "wall_s", "env_steps")
 WANDB_MODES = ("online", "offline")
+INITS = ("default", "orthogonal")
 
 
 def doc(default: Any, text: str, **kw: Any) -> Any:
@@ -79,6 +80,37 @@ class AlgoSpec:
     entropy_coeff: float = doc(0.0, "entropy bonus coefficient", ge=0.0)
     vf_loss_coeff: float = doc(0.01, "value-function loss coefficient", ge=0.0)
     grad_clip: float = doc(1.0, "clip gradients to this global L2 norm; 0 turns clipping off", ge=0.0)
+    clip: float | None = doc(
+        None,
+        "PPO and APPO: the policy ratio's clip range (RLlib's clip_param); null: RLlib's (PPO 0.3, APPO 0.4)",
+        gt=0.0,
+    )
+    vf_clip: float | None = doc(
+        10.0, "PPO: clip each step's value loss at this (RLlib's vf_clip_param); null: no clipping", gt=0.0
+    )
+    lr_final: float | None = doc(
+        None,
+        "null: lr stays constant; a number: lr anneals linearly to this over stop.env_steps "
+        "(RLlib's lr schedule; scaled by resources.lr_scaling as lr is)",
+        ge=0.0,
+    )
+    clip_final: float | None = doc(
+        None,
+        "PPO: null keeps the clip constant; a number anneals it linearly from clip to this over stop.env_steps",
+        gt=0.0,
+    )
+    entropy_final: float | None = doc(
+        None,
+        "null: entropy_coeff stays constant; a number anneals it linearly to this over stop.env_steps",
+        ge=0.0,
+    )
+    normalize_reward: bool = doc(
+        False,
+        "PPO: divide rewards by the running std of the discounted return (gamma) before GAE, as SB3's "
+        "VecNormalize and CleanRL's NormalizeReward do; reported returns stay the env's raw ones",
+    )
+    reward_clip: float = doc(10.0, "with normalize_reward: clip the scaled rewards to +-this; 0: no clipping", ge=0.0)
+    adam_eps: float = doc(1e-8, "Adam's epsilon (torch's default; CleanRL and SB3's PPO use 1e-5)", gt=0.0)
 
 
 @dataclass(frozen=True)
@@ -104,6 +136,22 @@ class ModelSpec:
     )
     free_log_std: bool = doc(
         False, "continuous actions: the Gaussian's log std is a learned parameter, not an output of the network"
+    )
+    log_std_init: float | None = doc(
+        None,
+        "PPO, continuous actions: the Gaussian's initial log std (free_log_std: the parameter; else the bias "
+        "of the log-std outputs); null: RLlib's (0 for a free log std); RL Zoo's MuJoCo PPO uses -2",
+    )
+    obs_clip: float = doc(
+        10.0,
+        "with normalize_obs: clip normalised observations to +-this (MeanStdFilter's clip_by_value); 0: no clipping",
+        ge=0.0,
+    )
+    init: str = doc(
+        "default",
+        "PPO: weight initialisation: default (RLlib's) or orthogonal (CleanRL's and SB3's: gain sqrt(2) "
+        "on hidden layers, 0.01 on the policy's output, 1 on the value's; zero biases)",
+        choices=INITS,
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from ray import tune
 from ray.tune import Stopper
@@ -18,7 +19,7 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 from rayrl import runfolder, runtime
 from rayrl.observe import keys
 from rayrl.observe.cost import TrialResources, trial_cost
-from rayrl.spec import CostSpec, SearchSpec, Spec, scaled_lr
+from rayrl.spec import CostSpec, SearchSpec, Spec, scaled_lr, schedule
 from rayrl.sweep import confirm as rules
 from rayrl.sweep import ladder as doubling
 from rayrl.sweep.phases import concurrency, finite
@@ -68,12 +69,18 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
     """Every candidate on every seed, one Tune experiment whose trials stop at the target, the budget or
     (search.confirm_race) once their config cannot win; returns confirm.csv's rows."""
     s, a = spec.search, spec.algo
-    points, plan = [], []
+    points: list[dict[str, Any]] = []
+    plan = []
     for rank, c in enumerate(candidates, 1):
         for seed in seeds:
             points.append(
                 {
-                    "lr": scaled_lr(c["lr"], spec.resources.learners, spec.resources.lr_scaling),
+                    "lr": schedule.lr(
+                        a.lr,
+                        a.lr_final,
+                        scaled_lr(c["lr"], spec.resources.learners, spec.resources.lr_scaling),
+                        spec.stop.env_steps,
+                    ),
                     "train_batch_size_per_learner": int(c["batch_size"]),
                     "seed": seed,
                     "minibatch_size": doubling.minibatch_for(
@@ -90,7 +97,10 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
     )
     held = resources.of_spec(spec)
     stop = ConfirmStopper(
-        [(rank, int(c["batch_size"]), float(p["lr"]), int(p["seed"])) for (rank, c), p in zip(plan, points)],
+        [
+            (rank, int(c["batch_size"]), float(schedule.first(p["lr"]) or 0.0), int(p["seed"]))
+            for (rank, c), p in zip(plan, points)
+        ],
         seeds,
         objective=s.objective,
         return_key=keys.return_key(spec.judged_by),

@@ -9,7 +9,7 @@ from ray.tune.search import Searcher
 
 from rayrl.observe import keys
 from rayrl.runfolder import LadderRow
-from rayrl.spec import Spec, scaled_lr
+from rayrl.spec import Spec, scaled_lr, schedule
 from rayrl.sweep import ladder
 
 
@@ -88,12 +88,13 @@ class Phase2Space:
         self.lr_min, self.lr_max, self.ladder = s.lr_min, s.lr_max, list(ladder)
         self.base_batch, self.base_minibatch = a.train_batch_per_learner, a.minibatch_size
         self.learners, self.lr_scaling = r.learners, r.lr_scaling
+        self.lr0, self.lr_final, self.horizon = a.lr, a.lr_final, spec.stop.env_steps
 
     def __call__(self, trial: Any) -> dict:
         lr = trial.suggest_float("rayrl_lr", self.lr_min, self.lr_max, log=True)
         batch = trial.suggest_categorical("rayrl_batch", self.ladder)
         return {
-            "lr": scaled_lr(lr, self.learners, self.lr_scaling),
+            "lr": schedule.lr(self.lr0, self.lr_final, scaled_lr(lr, self.learners, self.lr_scaling), self.horizon),
             "train_batch_size_per_learner": batch,
             "minibatch_size": ladder.minibatch_for(batch, self.base_batch, self.base_minibatch),
         }

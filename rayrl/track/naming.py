@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rayrl.observe import keys
-from rayrl.spec import Spec, to_dict
+from rayrl.spec import Spec, schedule, to_dict
 
 # Result keys outside the rayrl section that rayrl's readers use, under the names trackers show.
 TRACKED = {
@@ -23,7 +23,7 @@ def run_name(trial: Any, phase: str) -> str:
     """'search_b2048_lr3.0e-04_ab12c_00003': phase, batch and lr readable in any tracker's run list."""
     config = getattr(trial, "config", {}) or {}
     batch = config.get("train_batch_size_per_learner", config.get("_train_batch_size_per_learner"))
-    lr = config.get("rayrl_lr", config.get("lr"))
+    lr = config.get("rayrl_lr", schedule.first(config.get("lr")))
     lr_text = f"{lr:.1e}" if isinstance(lr, (int, float)) else "na"
     return f"{phase}_b{batch}_lr{lr_text}_{trial.trial_id}"
 
@@ -62,8 +62,8 @@ def trial_params(spec: Spec, config: Mapping[str, Any]) -> dict[str, Any]:
         flat["algo.minibatch_size"] = config["minibatch_size"]
     if "rayrl_lr" in config:  # the search: the lr Optuna chose, before the learner scaling rule
         flat["algo.lr"] = config["rayrl_lr"]
-    elif isinstance(config.get("lr"), (int, float)):  # the RLlib lr is the scaled one; undo the scaling
-        flat["algo.lr"] = config["lr"] / (spec.effective_lr / spec.algo.lr)
+    elif isinstance(schedule.first(config.get("lr")), (int, float)):  # the RLlib lr is the scaled one; undo it
+        flat["algo.lr"] = float(schedule.first(config["lr"]) or 0.0) / (spec.effective_lr / spec.algo.lr)
     if isinstance(config.get("entropy_coeff"), (int, float)):  # a population's own draw
         flat["algo.entropy_coeff"] = config["entropy_coeff"]
     return flat
