@@ -56,14 +56,42 @@ def rayrl_run(stem: str, seed: int, env_steps: int, episodes: int, work: Path) -
     history = work / "rayrl" / name / "history.csv"
     done = read_history(history)
     if done and done["env_steps"] >= env_steps:
-        return {"config": stem, "seed": seed, **done, "resumed": "finished before"}
+        greedy = greedy_at_end(history.parent, episodes)
+        return {"config": stem, "seed": seed, **done, **greedy, "final_eval": greedy.get("greedy_at_end", math.nan)}
     C.say(f"[{stem} seed {seed}] {' '.join(argv[2:])}")
     start = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=C.ROOT)
     out = read_history(history)
     if proc.returncode != 0 or not out:
         return {"config": stem, "seed": seed, "rc": proc.returncode, "error": (proc.stderr or proc.stdout)[-2000:]}
-    return {"config": stem, "seed": seed, "rc": 0, "command_s": time.perf_counter() - start, **out}
+    greedy = greedy_at_end(history.parent, episodes)
+    out["final_eval"] = greedy.get("greedy_at_end", math.nan)
+    return {"config": stem, "seed": seed, "rc": 0, "command_s": time.perf_counter() - start, **out, **greedy}
+
+
+def greedy_at_end(run_folder: Path, episodes: int) -> dict[str, Any]:
+    """Greedy return of the run's last checkpoint, sampled by its training env runner.
+
+    The training runner holds the observation filter's training statistics. The in-run evaluation
+    (evaluation.env_runners: 0) is not used for the table: on the 1M-step runs of 2026-12-03 its
+    filter held only its own evaluation steps despite rayrl's sync (see docs/workloads.md), so its
+    figures (episodes of ~7 steps) describe that defect, not the policy.
+    """
+    import numpy as np
+    import ray
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    ckpts = sorted(run_folder.glob("tune/*/checkpoint_*"))
+    if not ckpts:
+        return {}
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        algo = Algorithm.from_checkpoint(str(ckpts[-1]))
+        returns = [float(e.get_return()) for e in algo.env_runner.sample(num_episodes=episodes, explore=False)]
+        algo.stop()
+    finally:
+        ray.shutdown()
+    return {"greedy_at_end": float(np.median(returns)), "greedy_at_end_returns": returns, "checkpoint": ckpts[-1].name}
 
 
 def read_history(path: Path) -> dict[str, Any] | None:

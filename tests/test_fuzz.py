@@ -154,7 +154,8 @@ def names_a_field(exc: SpecError, data: object) -> bool:
     """The message starts with the field it is about: a spec field or section, or a key of the input."""
     text = str(exc)
     named = KNOWN | set(paths_of(data)[1:])  # [1:]: not the root itself; a key may be '' though
-    return any(text.startswith(f"{p}:") for p in named) or text.startswith(("--set", "--config"))
+    # a list field's message names the item, e.g. "model.conv_filters[0]: ..."
+    return any(text.startswith((f"{p}:", f"{p}[")) for p in named) or text.startswith(("--set", "--config"))
 
 
 # ---------------------------------------------------------------------------------------------
