@@ -38,6 +38,15 @@ def costs(result: dict, held: TrialResources, prices: CostSpec) -> dict[str, flo
     }
 
 
+def distinct(values: Any) -> list:
+    """The distinct values, sorted (an annealed lr is a list of points: not hashable, still ordered)."""
+    out: list = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return sorted(out)
+
+
 def confirm_budget(search: SearchSpec) -> int:
     """Env steps per confirmation run: search.confirm_env_steps, else the search's per-trial budget."""
     return search.max_env_steps if search.confirm_env_steps is None else search.confirm_env_steps
@@ -111,7 +120,7 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
         race=s.confirm_race,
     )
     params = base_params(spec)  # the varied keys as choices, so Tune sees each point as a valid pick
-    params.update({k: tune.choice(sorted({p[k] for p in points})) for k in points[0]})
+    params.update({k: tune.choice(distinct(p[k] for p in points)) for k in points[0]})
     tuner = make_tuner(
         spec,
         paths,
