@@ -84,12 +84,9 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
         for seed in seeds:
             points.append(
                 {
-                    "lr": schedule.lr(
-                        a.lr,
-                        a.lr_final,
-                        scaled_lr(c["lr"], spec.resources.learners, spec.resources.lr_scaling),
-                        spec.stop.env_steps,
-                    ),
+                    # A constant lr: Tune reads a list value in a preset point as nested keys and
+                    # fails, so an annealed spec's confirmation runs do not anneal (docs/workloads.md).
+                    "lr": scaled_lr(c["lr"], spec.resources.learners, spec.resources.lr_scaling),
                     "train_batch_size_per_learner": int(c["batch_size"]),
                     "seed": seed,
                     "minibatch_size": doubling.minibatch_for(
