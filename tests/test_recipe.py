@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from rayrl.rllib.returns import ReturnNormalizer
 from rayrl.spec import schedule
@@ -114,7 +115,7 @@ def test_recipe_on_a_real_algorithm(ray_local, tmp_path, runner):
     algo = build({}, runner)
     module = algo.get_module()
     assert module.pi.log_std.detach().tolist() == [-1.5]
-    first = next(m for m in module.encoder.modules() if isinstance(m, __import__("torch").nn.Linear))
+    first = next(m for m in module.encoder.modules() if isinstance(m, torch.nn.Linear))
     w = first.weight.detach().numpy()  # 64 x 3: orthogonal columns with gain sqrt(2)
     np.testing.assert_allclose(w.T @ w, 2.0 * np.eye(w.shape[1]), atol=1e-5)
     assert not first.bias.detach().any()

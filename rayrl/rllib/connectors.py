@@ -58,11 +58,11 @@ class NormalizeRewards(ConnectorV2):
 
 def _with_rewards(episode: SingleAgentEpisode, rewards: np.ndarray) -> SingleAgentEpisode:
     """A shallow copy of ``episode`` with its own rewards buffer (lookback kept, dtype kept)."""
-    out = copy.copy(episode)
-    buf = copy.copy(episode.rewards)
-    data = np.array(buf.data, dtype=np.float32 if not isinstance(buf.data, np.ndarray) else buf.data.dtype)
+    out, buf = copy.copy(episode), copy.copy(episode.rewards)
+    was_array = isinstance(buf.data, np.ndarray)
+    data = np.array(buf.data, dtype=buf.data.dtype if was_array else np.float32)  # a copy either way
     data[buf.lookback : buf.lookback + len(rewards)] = rewards
-    buf.data = data if isinstance(buf.data, np.ndarray) else list(data)
+    buf.data = data if was_array else list(data)
     out.rewards = buf
     return out
 

@@ -35,8 +35,6 @@ from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 from rayrl.errors import SpecError
 from rayrl.spec import PRECISIONS, Spec, import_callable, schedule
 
-PPO_CLIP = 0.3  #: RLlib's PPOConfig.clip_param default, the clip anneal's start when algo.clip is null
-
 # Per-module learner metrics; rayrl.rllib.callback.RayrlCallback copies them into result["rayrl"].
 NONFINITE_STEPS = "rayrl_nonfinite_steps"  #: skipped non-finite steps, lifetime (rank 0 counts)
 OVERFLOW_STEPS = "rayrl_overflow_steps"  #: fp16 steps skipped by the loss scaler, lifetime
@@ -71,7 +69,7 @@ class LearnerSettings:
     fp16_growth_interval: int = 2000
     loss_hook: str | None = None
     adam_eps: float = 1e-8
-    clip_schedule: Any = None  #: PPO: [[0, clip], [horizon, clip_final]] (rayrl.rllib.schedule); None: constant
+    clip_schedule: Any = None  #: PPO: [[0, clip], [horizon, clip_final]] (rayrl.spec.schedule); None: constant
     reward_norm: dict | None = None  #: PPO: {"gamma": ..., "clip": ...} for NormalizeRewards; None: off
 
     @classmethod
@@ -125,8 +123,10 @@ def clip_schedule(spec: Spec) -> schedule.Points | None:
     a = spec.algo
     if a.clip_final is None:
         return None
-    points = schedule.points(a.clip if a.clip is not None else PPO_CLIP, a.clip_final, spec.stop.env_steps)
-    return points if isinstance(points, list) else None
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    start = a.clip if a.clip is not None else PPOConfig().clip_param  # null: RLlib's own default
+    return schedule.points(start, a.clip_final, spec.stop.env_steps)  # type: ignore[return-value]
 
 
 def resolve_hook(target: str) -> Callable[..., torch.Tensor]:
