@@ -284,7 +284,7 @@ def test_time_to_reward_quick_on_hopper_runs_the_hopper_peers(tmp_path):
     for name, s in report["contenders"].items():
         (run,) = s["runs"]
         # Raw returns (SB3's Monitor sits under VecNormalize), reached inside the quick caps.
-        assert s["reached"] == 1 and run["return"] >= 150.0 and run["wall_s"] < 60, (name, run)
+        assert s["reached"] == 1 and run["return"] >= 150.0 and run["wall_s"] <= 120, (name, run)
 
 
 @pytest.mark.slow

@@ -383,6 +383,17 @@ def test_learner_settings_carry_the_spec():
         precision="bf16", accumulation_steps=4, grad_clip=0.5, max_nonfinite_steps=7
     )
     assert algo.build_config(spec).learner_config_dict["grad_clip"] == 0.5
+    # Unset recipe fields add no keys: an older sweep's saved param_space must still match on restore.
+    assert not {"adam_eps", "clip_schedule", "reward_norm"} & set(s)
+    recipe = from_dict(
+        {
+            "algo": {"adam_eps": 1e-5, "clip": 0.2, "clip_final": 0.1, "normalize_reward": True},
+            "stop": {"env_steps": 1000},
+        }
+    )
+    r = L.learner_settings(recipe)
+    assert r["adam_eps"] == 1e-5 and r["clip_schedule"] == [[0, 0.2], [1000, 0.1]]
+    assert r["reward_norm"] == {"gamma": recipe.algo.gamma, "clip": recipe.algo.reward_clip}
 
 
 @pytest.mark.parametrize(

@@ -101,21 +101,25 @@ class LearnerSettings:
 
 def learner_settings(spec: Spec) -> dict:
     """Spec -> RLlib ``learner_config_dict``: what every learner actor needs to know."""
-    return {
+    settings: dict[str, Any] = {
         "precision": spec.precision.mode,
         "accumulation_steps": spec.precision.accumulation_steps,
         "grad_clip": spec.algo.grad_clip,
         "max_nonfinite_steps": spec.precision.max_nonfinite_steps,
         "fp16_init_scale": LearnerSettings.fp16_init_scale,
         "fp16_growth_interval": LearnerSettings.fp16_growth_interval,
-        "adam_eps": spec.algo.adam_eps,
-        "clip_schedule": clip_schedule(spec),
-        "reward_norm": (
-            {"gamma": spec.algo.gamma, "clip": spec.algo.reward_clip} if spec.algo.normalize_reward else None
-        ),
         # Prices travel with the config so each trial can publish its cost per million samples.
         "cost": dataclasses.asdict(spec.cost),
     }
+    # The recipe's keys appear only when set: a config without them keeps the keys an older
+    # sweep's Tuner saved, so Tune still restores that sweep (it refuses a changed param_space).
+    if spec.algo.adam_eps != LearnerSettings.adam_eps:
+        settings["adam_eps"] = spec.algo.adam_eps
+    if (clip := clip_schedule(spec)) is not None:
+        settings["clip_schedule"] = clip
+    if spec.algo.normalize_reward:
+        settings["reward_norm"] = {"gamma": spec.algo.gamma, "clip": spec.algo.reward_clip}
+    return settings
 
 
 def clip_schedule(spec: Spec) -> schedule.Points | None:
