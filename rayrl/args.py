@@ -39,9 +39,9 @@ def add_run_args(p: argparse.ArgumentParser, default_config: str | None = None) 
     p.add_argument(
         "--storage",
         default="runs",
-        help="where runs are kept: a local folder or a URI (s3://, "
-        "gs://, any pyarrow filesystem; an S3-compatible server via AWS_ENDPOINT_URL or "
-        "?endpoint_override=HOST:PORT&scheme=http); one live run per name (default: ./runs)",
+        help="where runs are kept: a local (or shared) folder or s3://BUCKET/PREFIX (AWS, or an "
+        "S3-compatible server via AWS_ENDPOINT_URL or ?endpoint_override=HOST:PORT&scheme=http; other "
+        "schemes are refused); one live run per name (default: ./runs)",
     )
     p.add_argument(
         "--allow-shared-run-dir",

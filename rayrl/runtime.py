@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rayrl.errors import SpecError
 from rayrl.security import trust
+from rayrl.storage import leases
 from rayrl.storage.files import write_local
 from rayrl.storage.lock import RunLock
 from rayrl.storage.mirror import RunStore, mirror_dir
@@ -76,6 +77,7 @@ def resolve(storage: str, name: str, allow_shared: bool = False) -> RunPaths:
     if root.local:  # nothing is followed or created before the trust check
         trust.check_run_dir(Path(run.path), allow_shared)
     check_writable(run)
+    leases.for_location(run)  # what the run lock needs (boto3 for s3://) is checked before any Ray work
     run_dir = Path(run.path) if root.local else mirror_dir(run)
     run_dir.mkdir(parents=True, exist_ok=True)
     return RunPaths(root.uri, name, run_dir, not root.local, root)
@@ -86,7 +88,7 @@ def claim(paths: RunPaths) -> Iterator[RunLock]:
     """Hold the run's lock (exit 2 via LockHeld when another live run has it) and bring the mirror
     up to date from the bucket, for the length of one run."""
     loc = paths.location
-    with RunLock(loc.fs, loc.path, loc.uri) as lock:
+    with RunLock.at(loc) as lock:
         if lock.took_over:
             print(f"[rayrl] {loc.uri}: took over a stale lock ({lock.took_over})", flush=True)
         if paths.remote:

@@ -149,7 +149,10 @@ def s3_server() -> Iterator[SimpleNamespace]:
     S3-compatible store (MinIO, Ceph) is given by.
     """
     boto3 = pytest.importorskip("boto3")
-    server = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
+    # This interpreter's moto first: a moto_server on PATH may be another Python's (a pyenv shim runs
+    # the system Python's older moto, which fails pyarrow's multipart uploads with INTERNAL_FAILURE).
+    own = Path(sys.executable).parent / "moto_server"
+    server = str(own) if own.exists() else shutil.which("moto_server") or str(own)
     port = free_port()
     proc = subprocess.Popen(
         [server, "-H", "127.0.0.1", "-p", str(port)],

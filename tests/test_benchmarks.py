@@ -447,7 +447,7 @@ def test_time_to_reward_defaults_follow_the_env_and_cartpole_is_unchanged():
     target, steps, wall = ttr.env_defaults("Hopper-v5", quick=False)
     assert target == ttr.HOPPER_TARGET and (steps, wall) == (1_000_000, 300.0)
     quick = ttr.env_defaults("Hopper-v5", quick=True)
-    assert quick == (ttr.HOPPER_QUICK_TARGET, 60_000, 60.0) and quick[0] < target
+    assert quick == (ttr.HOPPER_QUICK_TARGET, 60_000, 120.0) and quick[0] < target
     assert ttr.env_defaults("Pendulum-v1", quick=False) == (None, 1_000_000, 300.0)
     # Through the flags: CartPole's full run as before; Hopper's from its config; flags still win.
     args = ttr.parse([])

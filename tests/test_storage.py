@@ -31,7 +31,9 @@ CONFIG = ROOT / "experiments" / "configs" / "cartpole_ppo.yaml"
     [
         ("ftp://host/runs", ["'ftp://'", "s3://"]),
         ("s3:///runs", ["names no bucket", "s3://BUCKET"]),
-        ("gs://", ["names no bucket"]),
+        ("gs://bucket/runs", ["gs://", "generation preconditions", "s3://BUCKET/PREFIX"]),
+        ("hdfs://namenode/runs", ["hdfs://", "not atomic", "conditional"]),
+        ("abfs://container/runs", ["abfs://", "Azure"]),
     ],
 )
 def test_bad_storage_uris_are_one_clear_paragraph(value, words):
@@ -123,24 +125,24 @@ def test_a_full_disk_leaves_the_old_file_and_a_clear_error(full_disk):
 HOST = socket.gethostname()
 
 
-def _info(host=HOST, pid=1, age=0.0, pid_start=None):
-    return {"host": host, "pid": pid, "heartbeat": 1000.0 - age, "pid_start": pid_start}
+def _info(host=HOST, pid=1, pid_start=None):
+    return {"host": host, "pid": pid, "pid_start": pid_start}
 
 
 @pytest.mark.parametrize(
-    "info, started, stale",
+    "info, age, started, stale",
     [
-        (_info(pid=42), {42: 5.0}, None),  # alive here, fresh beat: held
-        (_info(pid=42), {}, "gone from this host"),  # dead here
-        (_info(pid=42, pid_start=5.0), {42: 900.0}, "another process"),  # pid reused
-        (_info(host="other", age=30), {}, None),  # other host, fresh beat: held
-        (_info(host="other", age=121), {}, "heartbeat is 121 s old"),  # other host, silent: stale
-        ({"host": HOST}, {}, "unreadable"),
-        (None, {}, "no lock"),
+        (_info(pid=42), 0.0, {42: 5.0}, None),  # alive here, fresh beat: held
+        (_info(pid=42), 0.0, {}, "gone from this host"),  # dead here
+        (_info(pid=42, pid_start=5.0), 0.0, {42: 900.0}, "another process"),  # pid reused
+        (_info(host="other"), 30.0, {}, None),  # other host, fresh beat: held
+        (_info(host="other"), 121.0, {}, "heartbeat is 121 s old"),  # other host, silent: stale
+        ({"host": HOST}, 0.0, {}, "unreadable"),
+        (None, 0.0, {}, "no lock"),
     ],
 )
-def test_lock_staleness_rules(info, started, stale):
-    reason = lock_mod.staleness(info, 1000.0, HOST, 120.0, started=lambda pid: started.get(pid))
+def test_lock_staleness_rules(info, age, started, stale):
+    reason = lock_mod.staleness(info, age, HOST, 120.0, started=lambda pid: started.get(pid))
     assert (reason is None) if stale is None else (stale in reason)
 
 
@@ -214,12 +216,16 @@ def test_a_second_start_with_the_same_name_exits_2_and_touches_nothing(tmp_path)
 
 def test_a_lock_with_an_old_heartbeat_from_another_host_is_taken_over(tmp_path):
     paths = runtime.resolve(str(tmp_path), "old")
-    stale = {"host": "node-gone", "pid": 7, "heartbeat": time.time() - 500, "token": "x"}
-    (paths.run_dir / lock_mod.LOCK_FILE).write_text(json.dumps(stale))
+    stale = {"host": "node-gone", "pid": 7, "heartbeat": time.time(), "token": "x"}
+    lock_file = paths.run_dir / lock_mod.LOCK_FILE
+    lock_file.write_text(json.dumps(stale))
+    # Age is the store's clock (the file's mtime), not the heartbeat the holder wrote: a skewed clock
+    # on the holder's host cannot make a live lock look old, nor a dead one look fresh.
+    os.utime(lock_file, (time.time() - 500, time.time() - 500))
     with runtime.claim(paths) as lock:
         assert "heartbeat is 500 s old" in lock.took_over
-    stale["heartbeat"] = time.time() - 5  # a live run elsewhere: refused
-    (paths.run_dir / lock_mod.LOCK_FILE).write_text(json.dumps(stale))
+    stale["heartbeat"] = time.time() - 5000  # a live run elsewhere (whatever its own clock says): refused
+    lock_file.write_text(json.dumps(stale))
     with pytest.raises(lock_mod.LockHeld, match="host node-gone, pid 7"):
         with runtime.claim(paths):
             pass
@@ -228,7 +234,7 @@ def test_a_lock_with_an_old_heartbeat_from_another_host_is_taken_over(tmp_path):
 def test_the_heartbeat_keeps_a_long_run_fresh(tmp_path):
     paths = runtime.resolve(str(tmp_path), "beat")
     loc = paths.location
-    with lock_mod.RunLock(loc.fs, loc.path, loc.uri, stale_s=0.8):
+    with lock_mod.RunLock.at(loc, stale_s=0.8):
         first = json.loads((paths.run_dir / lock_mod.LOCK_FILE).read_text())["heartbeat"]
         time.sleep(1.0)
         later = json.loads((paths.run_dir / lock_mod.LOCK_FILE).read_text())["heartbeat"]

@@ -144,7 +144,7 @@ def slow_restores(ev: Evidence, max_recovery_s: float = 300.0) -> Finding | None
         "; ".join(seen),
         "checkpoints are written to and read back from slow remote storage, or are incomplete",
         "checkpoint to local SSD and sync to object storage asynchronously (Tune's storage_path on "
-        "local disk plus a background sync to s3:// or gs://); keep checkpoint.keep >= 2",
+        "local disk plus a background sync to s3://); keep checkpoint.keep >= 2",
     )
 
 

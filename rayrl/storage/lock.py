@@ -1,12 +1,16 @@
-"""One run per name: a lock file in the run folder (local disk or object storage) with a heartbeat.
+"""One run per name: a lease on a lock file in the run folder (local disk or S3), renewed by a heartbeat.
 
-The lock holds host, pid, the process start time and a heartbeat time, rewritten every
-``stale_s / 4`` seconds by a daemon thread. A second start with the same name finds a live lock
-and stops with :class:`LockHeld` (exit 2) before writing anything. A stale lock is taken over:
-its process is gone from this host (or its pid now belongs to another process), or, from any
-host, its heartbeat is older than ``stale_s``. Object stores have no create-if-absent here, so a
-taker writes its lock, waits a moment and reads it back: of two racing takers exactly one sees
-its own token and goes on.
+The lock holds host, pid, the process start time and a token. Every write of it is conditional
+(rayrl.storage.leases): created only if absent, replaced only if unchanged since it was read, so
+of any number of racing takers exactly one wins, on one machine or many. A second start with the
+same name finds a live lock and stops with :class:`LockHeld` (exit 2) before writing anything. A
+stale lock is taken over: its process is gone from this host (or its pid now belongs to another
+process), or, from any host, it was last written more than ``stale_s`` ago by the store's clock.
+
+The holder renews the lease every ``stale_s / 4`` seconds. When a renewal finds the lock changed
+(another process took it over) or no renewal has succeeded for ``FENCE`` of ``stale_s`` (past that
+a taker may win), the lease is lost and the holder stops at once (``on_lost``: by default one
+paragraph on stderr and exit status :data:`LOST_EXIT`), so two runs never write one folder.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -22,13 +27,14 @@ from collections.abc import Callable
 from typing import Any
 
 from rayrl.errors import LockHeld
-from rayrl.storage import files
+from rayrl.storage import leases
 
 log = logging.getLogger("rayrl.storage.lock")
 
 LOCK_FILE = ".rayrl-lock.json"
 STALE_S = float(os.environ.get("RAYRL_LOCK_STALE_S", "120"))
-SETTLE_S = 0.5
+FENCE = 0.75  #: a holder that could not renew for this fraction of stale_s stops: a taker may win after stale_s
+LOST_EXIT = 3  #: exit status of a run that lost its lease
 
 
 def process_start(pid: int) -> float | None:
@@ -44,16 +50,17 @@ def process_start(pid: int) -> float | None:
 
 
 def staleness(
-    info: dict | None, now: float, host: str, stale_s: float, started: Callable[[int], float | None] = process_start
+    info: dict | None, age_s: float, host: str, stale_s: float, started: Callable[[int], float | None] = process_start
 ) -> str | None:
-    """Why the lock ``info`` may be taken over (a sentence), or None while its holder is alive.
+    """Why the lock ``info``, last written ``age_s`` seconds ago, may be taken over (a sentence), or None
+    while its holder is alive.
 
     Pure apart from ``started`` (the process table of this host), so it is tested without processes.
     """
     if info is None:
         return "no lock"
     try:
-        beat, pid, holder = float(info["heartbeat"]), int(info["pid"]), str(info["host"])
+        pid, holder = int(info["pid"]), str(info["host"])
     except (KeyError, TypeError, ValueError):
         return "the lock file is unreadable"
     if holder == host:
@@ -63,21 +70,42 @@ def staleness(
         recorded = info.get("pid_start")
         if recorded is not None and start not in (-1.0, recorded) and abs(start - float(recorded)) > 1.0:
             return f"pid {pid} now belongs to another process"
-    age = now - beat
-    if age > stale_s:
-        return f"its heartbeat is {age:.0f} s old (stale after {stale_s:.0f} s)"
+    if age_s > stale_s:
+        return f"its heartbeat is {age_s:.0f} s old (stale after {stale_s:.0f} s)"
     return None
+
+
+def _parse(data: bytes) -> dict:
+    try:
+        info = json.loads(data)
+    except ValueError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def exit_on_lost(message: str) -> None:
+    """The default reaction to a lost lease: say why and stop the process now (no cleanup that writes)."""
+    print(message, file=sys.stderr, flush=True)
+    os._exit(LOST_EXIT)
 
 
 class RunLock:
     """The lock of one run folder; use as a context manager around the run."""
 
-    def __init__(self, fs: Any, folder: str, uri: str, stale_s: float = STALE_S) -> None:
-        self.fs, self.path, self.uri = fs, f"{folder.rstrip('/')}/{LOCK_FILE}", uri
-        self.stale_s = stale_s
+    def __init__(
+        self,
+        store: leases.LeaseStore,
+        uri: str,
+        stale_s: float = STALE_S,
+        on_lost: Callable[[str], None] = exit_on_lost,
+    ) -> None:
+        self.store, self.uri, self.stale_s, self.on_lost = store, uri, stale_s, on_lost
         self.token = uuid.uuid4().hex
         self.host = socket.gethostname()
         self.took_over: str | None = None
+        self.lost: str | None = None
+        self.renewals = 0
+        self._version: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._info = {
@@ -88,56 +116,88 @@ class RunLock:
             "token": self.token,
         }
 
-    def read(self) -> dict | None:
-        try:
-            return json.loads(files.read_bytes(self.fs, self.path))
-        except (FileNotFoundError, OSError):
-            return None
-        except ValueError:
-            return {}
+    @classmethod
+    def at(cls, loc: Any, **kwargs: Any) -> RunLock:
+        """The lock of the run folder at ``loc`` (a rayrl.storage.uri.Location)."""
+        stale_s = kwargs.get("stale_s", STALE_S)
+        # A renewal must fail fast enough for the fence to act before a taker may win.
+        return cls(leases.for_location(loc, timeout_s=max(0.2, stale_s / 8)), loc.uri, **kwargs)
 
-    def _write(self) -> None:
-        files.write_bytes(self.fs, self.path, json.dumps({**self._info, "heartbeat": time.time()}).encode())
+    def read(self) -> dict | None:
+        seen = self.store.read()
+        return None if seen is None else _parse(seen.data)
+
+    def _body(self) -> bytes:
+        return json.dumps({**self._info, "heartbeat": time.time()}).encode()
 
     def acquire(self) -> RunLock:
-        current = self.read()
-        reason = staleness(current, time.time(), self.host, self.stale_s)
-        if reason is None:
-            raise LockHeld(self._held_message(current))
-        if current is not None:
+        for _ in range(5):  # a lost race re-reads: the winner's fresh lock then refuses this taker
+            seen = self.store.read()
+            if seen is None:
+                version = self.store.create(self._body())
+                reason = None
+            else:
+                info = _parse(seen.data)
+                if info.get("token") == self.token:  # an earlier try landed though its answer was lost
+                    version, reason = seen.version, None
+                    break
+                reason = staleness(info, seen.age_s, self.host, self.stale_s)
+                if reason is None:
+                    raise LockHeld(self._held_message(info, seen.age_s))
+                version = self.store.replace(self._body(), seen.version)
+            if version is not None:
+                break
+        else:
+            seen = self.store.read()
+            raise LockHeld(
+                self._held_message(None, None) if seen is None else self._held_message(_parse(seen.data), seen.age_s)
+            )
+        if reason is not None:
             self.took_over = reason
-            log.warning("run folder %s: taking over a stale lock (%s)", self.uri, reason)
-        self._write()
-        time.sleep(SETTLE_S)
-        mine = self.read()
-        if not mine or mine.get("token") != self.token:
-            raise LockHeld(self._held_message(mine))
+            log.warning("run folder %s: took over a stale lock (%s)", self.uri, reason)
+        self._version = version
         self._thread = threading.Thread(target=self._beat, name="rayrl-lock-heartbeat", daemon=True)
         self._thread.start()
         return self
 
     def _beat(self) -> None:
+        sent_ok = time.monotonic()  # when the last successful renewal was *sent*: the lease runs from there
         while not self._stop.wait(self.stale_s / 4):
+            sending = time.monotonic()
             try:
-                current = self.read()
-                if current and current.get("token") != self.token:
-                    log.error(
-                        "run folder %s: another process took this run's lock over (%s); stop one of them",
-                        self.uri,
-                        current,
-                    )
+                version = self.store.replace(self._body(), self._version or "")
+            except Exception as exc:  # a missed beat is not fatal while the lease has time left
+                silent = time.monotonic() - sent_ok
+                log.warning("run folder %s: lock heartbeat failed (%.0f s unrenewed): %s", self.uri, silent, exc)
+                if silent >= FENCE * self.stale_s:
+                    self._lose(f"no renewal succeeded for {silent:.0f} s (a taker may win after {self.stale_s:.0f} s)")
                     return
-                self._write()
-            except OSError as exc:  # a missed beat is not fatal; the next one may succeed
-                log.warning("run folder %s: lock heartbeat failed: %s", self.uri, exc)
+                continue
+            if version is None:
+                seen = self.store.read()
+                now = {} if seen is None else _parse(seen.data)
+                if seen is not None and now.get("token") == self.token:  # our last write landed, its answer lost
+                    self._version, sent_ok = seen.version, sending
+                    continue
+                self._lose(f"another process took it over (host {now.get('host', '?')}, pid {now.get('pid', '?')})")
+                return
+            self._version, sent_ok = version, sending
+            self.renewals += 1
+
+    def _lose(self, why: str) -> None:
+        self.lost = why
+        self.on_lost(
+            f"[rayrl] {self.uri}: this run lost its lock: {why}. It stops now, without writing more, so "
+            "that two runs never write one run folder. If the other run is a mistake, stop it and run this "
+            "command again: the run resumes from its last checkpoint."
+        )
 
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        current = self.read()
-        if current and current.get("token") == self.token:
-            files.delete(self.fs, self.path)
+        if self.lost is None and self._version is not None:
+            self.store.delete(self._version)
 
     def __enter__(self) -> RunLock:
         return self.acquire()
@@ -145,12 +205,12 @@ class RunLock:
     def __exit__(self, *exc: Any) -> None:
         self.release()
 
-    def _held_message(self, info: dict | None) -> str:
+    def _held_message(self, info: dict | None, age_s: float | None) -> str:
         info = info or {}
-        age = time.time() - float(info.get("heartbeat", time.time()))
+        age = f"{age_s:.0f} s" if age_s is not None else "?"
         return (
             f"--name: the run folder {self.uri} is in use by another rayrl process (host "
-            f"{info.get('host', '?')}, pid {info.get('pid', '?')}, last heartbeat {age:.0f} s ago); two runs "
+            f"{info.get('host', '?')}, pid {info.get('pid', '?')}, last heartbeat {age} ago); two runs "
             "with one name would overwrite each other's files, so this one starts nothing. Wait for that "
             "run to end or stop it, or give another --name. A lock is taken over by itself once its process "
             f"is gone from its host or its heartbeat is older than {self.stale_s:.0f} s "

@@ -1,6 +1,8 @@
 """A storage URI -> (pyarrow filesystem, path): the one place rayrl turns --storage into a filesystem.
 
-Local folders, ``file://``, ``s3://``, ``gs://`` and any other URI pyarrow.fs knows. Ray Tune
+Local folders, ``file://`` and ``s3://`` (AWS and S3-compatible servers): the stores where rayrl
+writes each file atomically and takes the run lock with conditional writes (rayrl.storage.leases).
+Other pyarrow schemes are refused by name (:data:`REFUSED`). Ray Tune
 takes the same pair (``storage_path`` + ``storage_filesystem``), so rayrl's own files and Tune's
 experiments land in the same place. An S3-compatible endpoint (MinIO, Ceph, moto) is given the
 usual ways: ``AWS_ENDPOINT_URL`` in the environment, or ``?endpoint_override=HOST:PORT&scheme=http``
@@ -18,8 +20,21 @@ from urllib.parse import parse_qsl, urlsplit
 
 from rayrl.errors import SpecError
 
-OBJECT_SCHEMES = ("s3", "gs", "gcs")
-SCHEMES = ("file", "s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs")
+OBJECT_SCHEMES = ("s3",)
+SCHEMES = ("file", "s3")
+#: Schemes pyarrow opens that rayrl refuses, and why (what rayrl's promises would need there).
+REFUSED = {
+    "hdfs": "a write there is not atomic (an interrupted write leaves a partial file) and it has no conditional "
+    "create for the run lock",
+    "viewfs": "a write there is not atomic (an interrupted write leaves a partial file) and it has no conditional "
+    "create for the run lock",
+    "abfs": "rayrl has no tested atomic write or conditional-create lock for Azure Data Lake",
+    "abfss": "rayrl has no tested atomic write or conditional-create lock for Azure Data Lake",
+    "gs": "rayrl's run lock needs GCS's generation preconditions, which rayrl does not implement yet (no "
+    "local GCS server to test them against)",
+    "gcs": "rayrl's run lock needs GCS's generation preconditions, which rayrl does not implement yet (no "
+    "local GCS server to test them against)",
+}
 
 
 @dataclass(frozen=True)
@@ -47,23 +62,34 @@ def is_uri(value: str | os.PathLike) -> bool:
     return "://" in str(value)
 
 
-def _s3_filesystem(parts: Any) -> tuple[Any, str]:
-    """S3 with the endpoint from the query or AWS_ENDPOINT_URL, region from the query or the environment."""
-    from pyarrow import fs as pafs
+def s3_endpoint(uri: str) -> tuple[str | None, str]:
+    """(endpoint URL or None for AWS, region) of an s3:// URI: its query, else AWS_ENDPOINT_URL(_S3).
 
+    The one rule for where an S3 URI points, used by the pyarrow filesystem and the boto3 client alike.
+    """
+    parts = urlsplit(uri)
     query = dict(parse_qsl(parts.query))
     endpoint = (
         query.get("endpoint_override") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     )
+    region = query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    if endpoint and "://" not in endpoint:
+        endpoint = f"{query.get('scheme') or 'https'}://{endpoint}"
+    return (endpoint.rstrip("/") if endpoint else None), region
+
+
+def _s3_filesystem(parts: Any) -> tuple[Any, str]:
+    """S3 with the endpoint and region of :func:`s3_endpoint`; AWS itself when there is no endpoint."""
+    from pyarrow import fs as pafs
+
+    endpoint, region = s3_endpoint(parts.geturl())
     if not endpoint:
         return pafs.FileSystem.from_uri(parts.geturl())
-    scheme = query.get("scheme")
-    if "://" in endpoint:
-        scheme, _, endpoint = endpoint.partition("://")
-    region = query.get("region") or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    scheme, _, host = endpoint.partition("://")
+    query = dict(parse_qsl(parts.query))
     s3 = pafs.S3FileSystem(
-        endpoint_override=endpoint.rstrip("/"),
-        scheme=scheme or "https",
+        endpoint_override=host,
+        scheme=scheme,
         region=region,
         allow_bucket_creation=query.get("allow_bucket_creation") == "true",
     )
@@ -85,6 +111,12 @@ def parse(storage: str | os.PathLike) -> Location:
         return Location(root, pafs.LocalFileSystem(), root, True)
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
+    if scheme in REFUSED:
+        raise SpecError(
+            f"--storage: {text!r}: rayrl does not run on {scheme}:// storage: {REFUSED[scheme]}, so two runs "
+            "could share one folder or a crash could leave a torn file. Give a local (or shared) folder, or "
+            "s3://BUCKET/PREFIX (AWS S3, or an S3-compatible server such as MinIO or Ceph via AWS_ENDPOINT_URL)."
+        )
     if scheme not in SCHEMES:
         raise SpecError(
             f"--storage: {text!r} uses the scheme {scheme + '://'!r}, which rayrl does not know; give a "
@@ -96,12 +128,12 @@ def parse(storage: str | os.PathLike) -> Location:
     if scheme in OBJECT_SCHEMES and not parts.netloc:
         raise SpecError(f"--storage: {text!r} names no bucket; write {scheme}://BUCKET or {scheme}://BUCKET/PREFIX.")
     try:
-        fs, path = _s3_filesystem(parts) if scheme == "s3" else pafs.FileSystem.from_uri(text)
+        fs, path = _s3_filesystem(parts)
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... with a useful text
         raise SpecError(
             f"--storage: {text!r} cannot be opened as a filesystem ({_first_line(exc)}); check the "
-            "URI, the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
-            "GOOGLE_APPLICATION_CREDENTIALS) and, for an S3-compatible server, AWS_ENDPOINT_URL or "
+            "URI, the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, ~/.aws, the instance "
+            "role) and, for an S3-compatible server, AWS_ENDPOINT_URL or "
             "?endpoint_override=HOST:PORT&scheme=http."
         ) from None
     return Location(text.rstrip("/"), fs, path.rstrip("/"), False)
