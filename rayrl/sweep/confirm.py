@@ -205,24 +205,36 @@ class Race:
 
 
 def stop_reason(reached: bool, errored: bool, env_steps: float | None, budget: float) -> str:
-    """confirm.csv's ``stopped`` for a finished run (the race is what is left: neither target, budget nor error)."""
-    if errored:
-        return "error"
+    """confirm.csv's ``stopped`` for a finished run (the race is what is left: neither target, budget nor error).
+
+    A run whose last result reached the target is "target" even if it errored afterwards (while stopping or
+    saving): the race counted it as reached, so confirm.csv and the choice must too.
+    """
     if reached:
         return "target"
+    if errored:
+        return "error"
     if env_steps is not None and env_steps >= budget:
         return "budget"
     return "race"
 
 
 def choose(candidates: Sequence[dict]) -> dict | None:
-    """The confirmed config: the lowest median cost; ties (e.g. none reached the target: all infinite) go
-    to the higher median return, then to the better search rank. (The race never censors a run while no
-    median is finite, so the no-winner tie-break sees whole runs.)"""
+    """The confirmed config: the lowest median cost; a tie at a finite median goes to the better search
+    rank; when no median is finite (none reached the target on more than half its seeds), to the higher
+    median return, then the rank.
+
+    Why returns break only the no-winner tie: the race censors runs above the best median, which lowers
+    their returns but changes no median at or below it, so a tie broken by returns could differ between
+    the race and a full confirmation; the rank cannot. The race never censors while no median is
+    finite, so the no-winner tie-break sees whole runs.
+    """
     if not candidates:
         return None
     ret = lambda c: c["median_return"] if math.isfinite(c["median_return"]) else -math.inf  # noqa: E731
-    return min(candidates, key=lambda c: (c["median"], -ret(c), c["candidate"]))
+    if any(math.isfinite(c["median"]) for c in candidates):
+        return min(candidates, key=lambda c: (c["median"], c["candidate"]))
+    return min(candidates, key=lambda c: (-ret(c), c["candidate"]))
 
 
 def json_safe(value: float) -> float | None:

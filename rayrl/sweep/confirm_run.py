@@ -142,7 +142,7 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
         ret, steps = keys.lookup(m, keys.return_key(spec.judged_by)), keys.lookup(m, keys.ENV_STEPS)
         spent = costs(m, held, spec.cost)
         errored = trial.status == "ERROR"
-        reached = not errored and runfolder.reached(ret, spec.stop.episode_return)
+        reached = runfolder.reached(ret, spec.stop.episode_return)  # an error after reaching keeps the reach
         rows.append(
             {
                 "candidate": rank,
