@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -195,3 +196,44 @@ def test_watchdog_restarts_only_a_runner_silent_for_the_whole_window():
     silent = {2: 0.0}
     assert silent_too_long(silent, {1, 2}, asked, 5.0, 10.0) == [] and silent == {}
     assert silent_too_long(silent, {1}, asked, 6.0, 10.0) == [] and silent == {2: 6.0}
+
+
+def test_wait_below_bounds_the_upload_queue(tmp_path):
+    """The back-pressure the trainable applies before queueing a checkpoint: it waits for uploads."""
+    fs = pafs.LocalFileSystem()
+    settings = _settings(tmp_path)
+    trial = str(tmp_path / "storage" / "PPO_0001")
+    gate = threading.Event()
+    real_put = upload._put
+
+    def held_put(src, fs_, dst):  # storage that answers only once the gate opens
+        gate.wait(30)
+        real_put(src, fs_, dst)
+
+    uploader = upload.Uploader()
+    upload._put = held_put
+    try:
+        for i in (1, 2):
+            uploader.submit(_save(settings, trial, i), fs, f"{trial}/checkpoint_{i:06d}")
+        start = time.monotonic()
+        assert not uploader.wait_below(0, 0.3) and uploader.pending == 2  # waited its timeout, queue held
+        assert time.monotonic() - start >= 0.3
+        threading.Timer(0.2, gate.set).start()
+        assert uploader.wait_below(0, 30) and uploader.pending == 0 and uploader.stats.uploaded == 2
+    finally:
+        upload._put = real_put
+
+
+def test_no_intact_checkpoint_anywhere_is_its_own_error(tmp_path):
+    fs = pafs.LocalFileSystem()
+    settings = _settings(tmp_path)
+    trial = str(tmp_path / "storage" / "PPO_0001")
+    upload.upload(_save(settings, trial, 1), fs, f"{trial}/checkpoint_000001")
+    (Path(trial) / "checkpoint_000001" / "algorithm_state.pkl").unlink()
+    import shutil
+
+    shutil.rmtree(tmp_path / "tier1")
+    # The trainable catches this one and starts the trial fresh instead of crash-looping on it.
+    with pytest.raises(ck.NoIntactCheckpoint, match="algorithm_state.pkl: missing"):
+        ck.choose(fs, f"{trial}/checkpoint_000001", settings)
+    assert not ck.landed(fs, f"{trial}/checkpoint_000009") and ck.landed(fs, f"{trial}/checkpoint_000001")

@@ -20,6 +20,8 @@ import yaml
 from conftest import ROOT, state_names_a_checkpoint, subprocess_env
 
 from rayrl.observe import keys
+from rayrl.storage import checkpoints as ck
+from rayrl.storage import manifest
 
 pytestmark = pytest.mark.slow
 
@@ -106,11 +108,25 @@ def bucket_state_names_a_checkpoint(s3_server, prefix: str) -> bool:
     return state_names_a_checkpoint(_get(s3_server, states[-1]).decode(errors="replace"))
 
 
+def _manifests(s3_server, prefix: str) -> list[str]:
+    """Keys of the checkpoint manifests in the bucket: checkpoints whose upload finished."""
+    listed = s3_server.client.list_objects_v2(Bucket=s3_server.bucket, Prefix=prefix).get("Contents", [])
+    return [o["Key"] for o in listed if o["Key"].endswith("/" + manifest.NAME)]
+
+
 def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path):
-    home = tmp_path / "home"
-    env = subprocess_env(**s3_server.env, RAYRL_HOME=str(home))
+    home, user = tmp_path / "home", tmp_path / "user"
+    # A fresh HOME and RAYRL_HOME: the mirror, tier 1 ($RAYRL_HOME/checkpoints) and anything under ~.
+    env = subprocess_env(**s3_server.env, RAYRL_HOME=str(home), HOME=str(user))
+
+    def wipe() -> None:  # every local copy of the run folders and checkpoints is gone
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(user, ignore_errors=True)
+        user.mkdir()
+
+    wipe()
     _run(SWEEP, env)
-    shutil.rmtree(home)  # every local copy of the sweep's run folder is gone
+    wipe()
 
     get = lambda key: _get(s3_server, f"e2e/{key}")  # noqa: E731
     doubling = pd.read_csv(io.BytesIO(get("sw/doubling.csv")))
@@ -139,7 +155,7 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
     )
 
     # `rayrl train` killed after 2 iterations, local copies wiped: the same command resumes from the bucket.
-    shutil.rmtree(home)
+    wipe()
     history = None
     proc = subprocess.Popen(
         TRAIN, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True
@@ -148,8 +164,14 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
         deadline = time.monotonic() + 240
         while True:
             found = list(home.glob("runs/*/tr/history.csv"))
-            # Tune records a checkpoint in its state every 10 s or after checkpoint.keep of them: wait for it
-            if found and len(pd.read_csv(found[0])) >= 2 and bucket_state_names_a_checkpoint(s3_server, "e2e/tr/tune/"):
+            # Tune records a checkpoint in its state every 10 s or after checkpoint.keep of them, and the
+            # background upload of one must have finished (its manifest is written last): wait for both.
+            if (
+                found
+                and len(pd.read_csv(found[0])) >= 2
+                and bucket_state_names_a_checkpoint(s3_server, "e2e/tr/tune/")
+                and _manifests(s3_server, "e2e/tr/tune/")
+            ):
                 history = found[0]
                 break
             assert proc.poll() is None and time.monotonic() < deadline, "rayrl train made no progress"
@@ -158,8 +180,13 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     killed_at = int(pd.read_csv(history)[keys.ITERATION].max())
-    shutil.rmtree(home)
+    wipe()
     more = _run(TRAIN, env)
+    # The checkpoint came from the bucket: its bytes were downloaded (no local copy was left to read).
+    listed = s3_server.client.list_objects_v2(Bucket=s3_server.bucket, Prefix="e2e/tr/tune/").get("Contents", [])
+    downloads = [o["Key"] for o in listed if o["Key"].rsplit("/", 1)[-1].startswith(ck.DOWNLOAD_PREFIX)]
+    assert downloads, "the resume read no checkpoint from the bucket"
+    assert json.loads(_get(s3_server, downloads[0]))["downloaded_bytes"] > 10_000
     assert "resuming from the bucket" in more.stdout and "took over a stale lock" in more.stdout
     first = int(re.search(r"iter (\d+)", more.stdout).group(1))
     assert 1 < first <= killed_at + 1  # the counters go on from the checkpoint in the bucket
@@ -167,7 +194,7 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
     assert train_summary["status"] == "finished" and train_summary["env_steps"] >= 6144
     assert int(pd.read_csv(io.BytesIO(get("tr/history.csv")))[keys.ITERATION].max()) == train_summary["iterations"]
 
-    shutil.rmtree(home)
+    wipe()
     report = subprocess.run(
         [sys.executable, "-m", "rayrl.cli", "report", "s3://rayrl/e2e/sw"],
         env=env,

@@ -244,9 +244,9 @@ class CheckpointSpec:
         "background (training does not wait on the upload); false uploads before training goes on",
     )
     local_dir: str = doc(
-        "~/.rayrl/checkpoints",
-        "tier-1 folder for checkpoints on each trial's node (a local "
-        "SSD); restore prefers an intact copy here over downloading from storage",
+        "$RAYRL_HOME/checkpoints",
+        "tier-1 folder for checkpoints on each trial's node (a local SSD; $RAYRL_HOME, default "
+        "~/.rayrl, is expanded on that node); restore prefers an intact copy here over downloading from storage",
     )
     preempt_grace_s: float = doc(
         25.0,

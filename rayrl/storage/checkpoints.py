@@ -29,6 +29,7 @@ from rayrl.storage import manifest
 
 log = logging.getLogger("rayrl.checkpoints")
 FALLBACK_PREFIX = "rayrl_restore_fallback-"
+DOWNLOAD_PREFIX = "rayrl_restore_download-"  #: a restore that downloaded its checkpoint (tier 1 had none)
 META_KEYS = (
     "training_iteration",
     "time_total_s",
@@ -42,7 +43,7 @@ META_KEYS = (
 class TierSettings:
     """What the trainable needs from ``CheckpointSpec`` (see its field docs)."""
 
-    local_dir: str = "~/.rayrl/checkpoints"
+    local_dir: str = "$RAYRL_HOME/checkpoints"
     tiered: bool = True
     keep: int = 3
     preempt_grace_s: float = 25.0
@@ -71,14 +72,26 @@ def download(fs: Any, path: str, local: Path) -> None:
     pafs.copy_files(path, str(local), source_filesystem=fs, destination_filesystem=pafs.LocalFileSystem())
 
 
+def tier1_dir(local_dir: str) -> Path:
+    """checkpoint.local_dir on this node: ``$RAYRL_HOME`` (default ~/.rayrl) and ``~`` expanded here,
+    on the trial's node, so a node with a fresh RAYRL_HOME has a fresh tier 1 too."""
+    from rayrl.storage.mirror import home
+
+    return Path(local_dir.replace("${RAYRL_HOME}", str(home())).replace("$RAYRL_HOME", str(home()))).expanduser()
+
+
 def local_root(settings: TierSettings, trial_fs_path: str) -> Path:
     """Tier 1 folder of one trial: readable name plus a hash of its storage path (unique per run)."""
     digest = hashlib.sha1(trial_fs_path.encode()).hexdigest()[:10]
-    return Path(settings.local_dir).expanduser() / f"{posixpath.basename(trial_fs_path)}-{digest}"
+    return tier1_dir(settings.local_dir) / f"{posixpath.basename(trial_fs_path)}-{digest}"
 
 
 # ---------------------------------------------------------------------------------------------
 # Restore: the newest checkpoint that verifies
+
+
+class NoIntactCheckpoint(RuntimeError):
+    """Checkpoints with manifests exist, and none of them (local or in storage) verifies."""
 
 
 @dataclass
@@ -86,6 +99,7 @@ class Choice:
     path: Path  #: a verified local folder to load
     meta: dict  #: its manifest's metadata (iteration, time, env steps)
     rejected: list  #: [(checkpoint name, why)] newer ones that did not verify
+    downloaded_bytes: int = 0  #: > 0: tier 1 had no intact copy, this one came from storage
 
 
 def _indices(fs: Any, trial_fs_path: str, root: Path) -> set[int]:
@@ -138,13 +152,25 @@ def choose(fs: Any, registered: str, settings: TierSettings) -> Choice | None:
             continue
         shutil.rmtree(local, ignore_errors=True)
         staging.rename(local)
-        return Choice(local, manifest.meta(remote_man), rejected)
+        size = sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
+        return Choice(local, manifest.meta(remote_man), rejected, downloaded_bytes=size)
     if not any_manifest:
         return None
-    raise RuntimeError(
+    raise NoIntactCheckpoint(
         f"no intact checkpoint in {trial_fs_path} at or before {name}: "
         + "; ".join(f"{c}: {why}" for c, why in rejected)
     )
+
+
+def landed(fs: Any, registered: str) -> bool:
+    """Whether the checkpoint Tune registered exists in storage at all (a kill before its upload
+    finished leaves Tune's state naming a folder that was never written)."""
+    from rayrl.storage import files
+
+    try:
+        return files.exists(fs, registered.rstrip("/"))
+    except OSError:
+        return True  # cannot tell: let Tune try, and say what it says
 
 
 def record_fallback(fs: Any, trial_fs_path: str, registered: str, choice: Choice) -> dict:
@@ -169,6 +195,25 @@ def record_fallback(fs: Any, trial_fs_path: str, registered: str, choice: Choice
     except OSError as exc:
         log.warning("could not record the fallback in %s: %s", trial_fs_path, exc)
     return event
+
+
+def record_download(fs: Any, trial_fs_path: str, choice: Choice) -> None:
+    """Write a restore that came from storage (no intact tier-1 copy on this node) into the trial folder:
+    the evidence that a run resumed from the bucket alone."""
+    event = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "restored": choice.path.name,
+        "downloaded_bytes": choice.downloaded_bytes,
+        "to": str(choice.path.parent),
+    }
+    print(
+        f"[rayrl] restored {choice.path.name} from storage ({choice.downloaded_bytes:,} bytes downloaded)", flush=True
+    )
+    try:
+        with fs.open_output_stream(f"{trial_fs_path}/{DOWNLOAD_PREFIX}{int(time.time() * 1000)}.json") as out:
+            out.write(json.dumps(event, indent=1).encode())
+    except OSError as exc:
+        log.warning("could not record the download in %s: %s", trial_fs_path, exc)
 
 
 def fallbacks(run_dir: Path) -> list[dict]:

@@ -83,16 +83,20 @@ class Uploader:
             self.waiting.add(str(local))
         self._queue.put((local, fs, dest))
 
-    def drain(self, timeout_s: float) -> bool:
-        """Wait until every submitted upload landed (True) or ``timeout_s`` passed (False)."""
+    def wait_below(self, limit: int, timeout_s: float) -> bool:
+        """Wait until at most ``limit`` uploads are pending (True) or ``timeout_s`` passed (False)."""
         deadline = time.monotonic() + timeout_s
         with self._idle:
-            while self._pending:
+            while self._pending > limit:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self._idle.wait(left)
         return True
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every submitted upload landed (True) or ``timeout_s`` passed (False)."""
+        return self.wait_below(0, timeout_s)
 
     def upload_now(self, local: Path, fs: Any, dest: str, attempts: int = 3) -> None:
         """Upload in this thread (synchronous mode, preemption); raises after ``attempts`` failures."""

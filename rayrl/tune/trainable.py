@@ -18,6 +18,7 @@ from rayrl.storage import checkpoints as ck
 from rayrl.storage import manifest, upload
 
 DRAIN_S = 600.0  #: how long a stopping trial waits for its last uploads
+BACKPRESSURE_S = 120.0  #: how long a checkpoint waits for earlier uploads before it is queued anyway
 
 
 def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
@@ -75,6 +76,7 @@ def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
                 self._rayrl_uploader.drain(DRAIN_S if not preempted else self._rayrl_tier.preempt_grace_s)
                 self._rayrl_uploader.upload_now(local, storage.storage_filesystem, dest)
             else:
+                self._backpressure()
                 self._rayrl_uploader.submit(local, storage.storage_filesystem, dest)
             upload.prune_local(root, self._rayrl_tier.keep, protect={str(local), *self._rayrl_uploader.waiting_paths()})
             self._rayrl_stall_s = time.perf_counter() - start
@@ -83,6 +85,28 @@ def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
                 checkpoint=Checkpoint(filesystem=storage.storage_filesystem, path=dest), metrics=metrics
             )
 
+        def _backpressure(self) -> None:
+            """Before queueing a checkpoint, let uploads catch up to ``keep - 2`` pending.
+
+            Tune deletes checkpoint N - keep from storage when N registers; were that one still
+            uploading, the delete would race the upload (a manifest over missing files) and storage
+            could hold no complete checkpoint at all. Waiting here bounds the queue and keeps one
+            complete checkpoint in storage; a store down longer than BACKPRESSURE_S is let through with
+            a line (the uploads retry; restore then skips what never landed)."""
+            limit = max(0, self._rayrl_tier.keep - 2)
+            if self._rayrl_uploader.pending <= limit:
+                return
+            waited = time.perf_counter()
+            caught_up = self._rayrl_uploader.wait_below(limit, BACKPRESSURE_S)
+            self._rayrl_events = {**self._rayrl_events, "checkpoint_wait_s": time.perf_counter() - waited}
+            if not caught_up:
+                print(
+                    f"[rayrl] checkpoint uploads are {self._rayrl_uploader.pending} behind after "
+                    f"{BACKPRESSURE_S:g}s (storage slow or down: {self._rayrl_uploader.stats.last_error or '?'}); "
+                    "queueing this one too",
+                    flush=True,
+                )
+
         def restore(self, checkpoint_path: Any) -> None:
             from ray.tune import Checkpoint
             from ray.tune.trainable.trainable import _TrainingResult
@@ -90,7 +114,23 @@ def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
             if not isinstance(checkpoint_path, _TrainingResult):
                 return super().restore(checkpoint_path)
             registered = checkpoint_path.checkpoint
-            choice = ck.choose(registered.filesystem, registered.path, self._rayrl_tier)
+            try:
+                choice = ck.choose(registered.filesystem, registered.path, self._rayrl_tier)
+            except ck.NoIntactCheckpoint as exc:
+                # Every copy is broken or missing: a restore would fail the same way on every retry.
+                print(f"[rayrl] {exc}; the trial starts fresh from iteration 0", flush=True)
+                self._rayrl_events = {"restarted_fresh": 1}
+                return None
+            if choice is None and not ck.landed(registered.filesystem, registered.path):
+                # No checkpoint of this trial reached storage or this node's tier 1 (killed before the
+                # first upload finished): restoring would fail the same way on every retry.
+                print(
+                    f"[rayrl] no checkpoint of this trial reached storage ({registered.path} was registered "
+                    "but never uploaded); it starts fresh from iteration 0",
+                    flush=True,
+                )
+                self._rayrl_events = {"restarted_fresh": 1}
+                return None
             if choice is None:  # no manifests: a checkpoint from before rayrl wrote them
                 return super().restore(checkpoint_path)
             metrics = dict(checkpoint_path.metrics)
@@ -100,6 +140,9 @@ def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
                 )
                 metrics = {**metrics, **choice.meta}
                 self._rayrl_events = {"restore_fallbacks": len(choice.rejected), "restored_from": event["restored"]}
+            if choice.downloaded_bytes:
+                ck.record_download(registered.filesystem, posixpath.dirname(registered.path), choice)
+                self._rayrl_events = {**self._rayrl_events, "restore_downloaded_bytes": choice.downloaded_bytes}
             local = Checkpoint.from_directory(str(choice.path))
             return super().restore(_TrainingResult(checkpoint=local, metrics=metrics))
 
