@@ -272,6 +272,35 @@ def test_object_storage_mirror_bucket_wins_and_wipes_are_survived(s3_server, mon
         mirror.fetch("s3://rayrl/unit/none")
 
 
+def test_a_file_whose_upload_failed_is_sent_at_the_next_start_not_lost(s3_server, monkeypatch, tmp_path):
+    from urllib.parse import urlsplit
+
+    from slowproxy import SlowProxy
+
+    up = urlsplit(s3_server.endpoint)
+    proxy = SlowProxy((up.hostname, up.port))
+    for key, value in {**s3_server.env, "AWS_ENDPOINT_URL": proxy.url}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("RAYRL_HOME", str(tmp_path / "home"))
+    try:
+        paths = runtime.resolve("s3://rayrl/unsent", "u")
+        paths.write_json("summary.json", {"v": 1})
+        proxy.block()  # the store goes away: the next two writes land locally only
+        for rel, data in (("summary.json", {"v": 2}), ("trials.csv", {"rows": 3})):
+            with pytest.raises(files.StorageError):
+                paths.write_json(rel, data)
+        assert json.loads((paths.run_dir / "summary.json").read_text()) == {"v": 2}
+        proxy.unblock()
+        with runtime.claim(paths):  # the start sends them instead of letting the bucket's copy win
+            for rel, data in (("summary.json", {"v": 2}), ("trials.csv", {"rows": 3})):
+                assert json.loads((paths.run_dir / rel).read_text()) == data
+                got = s3_server.client.get_object(Bucket="rayrl", Key=f"unsent/u/{rel}")["Body"].read()
+                assert json.loads(got) == data
+        assert paths.store.unsent() == []
+    finally:
+        proxy.close()
+
+
 def test_an_unwritable_bucket_exits_2_before_ray(s3_server):
     proc = subprocess.run(
         [sys.executable, "-m", "rayrl.cli", "train", "--config", str(CONFIG), "--storage", "s3://no-such-bucket/runs"],

@@ -11,6 +11,8 @@ written by Tune itself to the same filesystem, not mirrored.
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +21,11 @@ from rayrl.storage import files
 from rayrl.storage.lock import LOCK_FILE
 from rayrl.storage.uri import Location, is_uri, parse
 
+log = logging.getLogger("rayrl.storage.mirror")
+
 # Tune's experiment folders: never mirrored file by file (Tune syncs them itself).
 TUNE_DIRS = ("phase1", "phase2", "confirm", "tune", "drills")
+UNSENT = ".rayrl-unsent.json"  #: in the local mirror: files whose upload failed, sent at the next start
 
 
 def home() -> Path:
@@ -49,7 +54,7 @@ class RunStore:
         """Atomically write ``rel`` in the local folder and, on object storage, upload it."""
         files.write_local(self.local_dir / rel, data)
         if self.remote:
-            files.write_bytes(self.loc.fs, self.loc.join(rel), data)
+            self._send(rel, data)
 
     def write_text(self, rel: str, text: str) -> None:
         self.write_bytes(rel, text.encode())
@@ -57,7 +62,42 @@ class RunStore:
     def upload(self, rel: str) -> None:
         """Send the local ``rel`` (e.g. history.csv after appends) to the bucket as one object."""
         if self.remote and (self.local_dir / rel).exists():
-            files.write_bytes(self.loc.fs, self.loc.join(rel), (self.local_dir / rel).read_bytes())
+            self._send(rel, (self.local_dir / rel).read_bytes())
+
+    # A failed upload is written down (UNSENT) so the next start sends the local file instead of
+    # letting the bucket's older copy, or its absence, win over it.
+    def unsent(self) -> list[str]:
+        try:
+            return list(json.loads((self.local_dir / UNSENT).read_text()))
+        except (OSError, ValueError):
+            return []
+
+    def _mark(self, rel: str, failed: bool) -> None:
+        now = self.unsent()
+        if failed == (rel in now):
+            return
+        now = sorted({*now, rel}) if failed else [r for r in now if r != rel]
+        files.write_local(self.local_dir / UNSENT, json.dumps(now).encode())
+
+    def _send(self, rel: str, data: bytes) -> None:
+        try:
+            files.write_bytes(self.loc.fs, self.loc.join(rel), data)
+        except OSError:
+            self._mark(rel, failed=True)
+            raise
+        self._mark(rel, failed=False)
+
+    def resend(self) -> list[str]:
+        """Upload the files whose upload failed before; returns those still not in the bucket."""
+        for rel in self.unsent():
+            if not (self.local_dir / rel).exists():
+                self._mark(rel, failed=False)
+                continue
+            try:
+                self._send(rel, (self.local_dir / rel).read_bytes())
+            except OSError as exc:
+                log.warning("%s: %s is still not uploaded (%s); the local copy is kept", self.loc.uri, rel, exc)
+        return self.unsent()
 
     def pull(self, full: bool = False) -> list[str]:
         """Make the local folder hold the bucket's run-folder files (the bucket wins); returns them.
@@ -67,14 +107,16 @@ class RunStore:
         if not self.remote:
             return []
         self.local_dir.mkdir(parents=True, exist_ok=True)
+        keep = set(self.resend())  # never overwrite or delete a local file the bucket has not received
         names = [
             n
             for n in files.list_files(self.loc.fs, self.loc.path, recursive=True)
             if n != LOCK_FILE and (full or n.split("/")[0] not in TUNE_DIRS)
         ]
         for name in names:
-            files.write_local(self.local_dir / name, files.read_bytes(self.loc.fs, self.loc.join(name)))
-        top = {n for n in names if "/" not in n}
+            if name not in keep:
+                files.write_local(self.local_dir / name, files.read_bytes(self.loc.fs, self.loc.join(name)))
+        top = {n for n in names if "/" not in n} | keep | {UNSENT}
         for stale in self.local_dir.iterdir():  # files the bucket does not have are not this run's
             if stale.is_file() and stale.name not in top:
                 stale.unlink()
