@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
+import json
 import re
 import subprocess
 import sys
@@ -311,6 +312,35 @@ LAUNCHER_VARIANTS = [
         "available_node_types",
     ),
     ("local-setup-missing", "local.yaml", lambda c: c.pop("worker_setup_commands"), "worker_setup_commands"),
+    # Ray's default node identity: every bucket and VM of the account (rayrl/cluster/credentials.py).
+    (
+        "aws-no-instance-profile",
+        "gpu.yaml",
+        lambda c: c["available_node_types"]["gpu.p5"]["node_config"].pop("IamInstanceProfile"),
+        "available_node_types.gpu.p5.node_config.IamInstanceProfile",
+    ),
+    (
+        "aws-ray-default-role",
+        "gpu.yaml",
+        lambda c: c["available_node_types"]["head.g6e"]["node_config"].__setitem__(
+            "IamInstanceProfile", {"Arn": "arn:aws:iam::123456789012:instance-profile/ray-autoscaler-v1"}
+        ),
+        "available_node_types.head.g6e.node_config.IamInstanceProfile",
+    ),
+    (
+        "aws-worker-with-the-head-role",
+        "gpu.yaml",
+        lambda c: c["available_node_types"]["gpu.p4de"]["node_config"].__setitem__(
+            "IamInstanceProfile", {"Name": "rayrl-head"}
+        ),
+        "available_node_types.gpu.p4de.node_config.IamInstanceProfile",
+    ),
+    (
+        "gcp-no-service-account",
+        "gcp-gpu.yaml",
+        lambda c: c["available_node_types"]["gpu.a3"]["node_config"].pop("serviceAccounts"),
+        "available_node_types.gpu.a3.node_config.serviceAccounts",
+    ),
 ]
 
 
@@ -514,3 +544,28 @@ def test_fake_multinode_config_mirrors_learner_worker_types() -> None:
         assert node["labels"]["rayrl.io/role"] == "learner"
         assert node["min_workers"] == 0 and 1 <= node["max_workers"] <= 2
     assert fake["provider"]["type"] == "fake_multinode" and fake["head_node_type"] == "ray.head.default"
+
+
+@pytest.mark.parametrize(
+    "mutate, words",
+    [
+        (
+            lambda st: st[0].__setitem__("Resource", "*"),
+            ["Statement[0] (RunBucketPrefixOnly).Resource", "every bucket"],
+        ),
+        (lambda st: st[0].__setitem__("Action", "s3:*"), ["Statement[0] (RunBucketPrefixOnly).Action", "s3:*"]),
+        (
+            lambda st: st.append({"Effect": "Allow", "Action": "iam:PassRole", "Resource": "*"}),
+            ["Statement[2].Resource", "iam:PassRole on every role"],
+        ),
+    ],
+)
+def test_a_node_policy_with_wildcards_is_refused(tmp_path: Path, mutate: Callable, words: list[str]) -> None:
+    source = ROOT / "cluster_configs" / "iam" / "aws-rayrl-worker.json"
+    doc = json.loads(source.read_text())
+    assert cluster.validate_file(source) == []
+    mutate(doc["Statement"])
+    bad = tmp_path / "policy.json"
+    bad.write_text(json.dumps(doc))
+    problems = cluster.validate_file(bad)
+    assert len(problems) == 1 and all(w in problems[0] for w in words), problems

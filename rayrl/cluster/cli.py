@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from rayrl.cluster import exposure
+from rayrl.cluster import credentials, exposure
 from rayrl.cluster.common import one_line
 from rayrl.cluster.kube import validate_kube
 from rayrl.cluster.launcher import validate_launcher
@@ -45,6 +45,8 @@ def validate_file(path: str | Path) -> list[str]:
         return [f"{p}: holds a {bad}, not a mapping of keys; a cluster YAML is key: value pairs."]
     if len(docs) == 1 and lifecycle_kind(docs[0]):
         problems = validate_lifecycle(docs[0])
+    elif len(docs) == 1 and credentials.is_policy(docs[0]):
+        problems = credentials.policy_problems(docs[0])
     elif all("apiVersion" in d or "kind" in d for d in docs):
         try:
             problems = [m for d in docs for m in validate_kube(d)] + exposure.kube_file_problems(docs)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rayrl.cluster import exposure
+from rayrl.cluster import credentials, exposure
 from rayrl.cluster import launcher_rules as rules
 from rayrl.cluster.common import dotted, one_line, short
 
@@ -65,6 +65,7 @@ def validate_launcher(config: dict) -> list[str]:
         lambda: rules.gpu_problems(config),
         lambda: rules.worker_count_problems(config, prepared),
         lambda: rules.security_problems(config),
+        lambda: credentials.credential_problems(config),
         lambda: rules.setup_problems(config),
         lambda: exposure.core_dump_problems(config),
         lambda: exposure.public_ip_problems(config),
