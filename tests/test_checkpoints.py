@@ -237,3 +237,22 @@ def test_no_intact_checkpoint_anywhere_is_its_own_error(tmp_path):
     with pytest.raises(ck.NoIntactCheckpoint, match="algorithm_state.pkl: missing"):
         ck.choose(fs, f"{trial}/checkpoint_000001", settings)
     assert not ck.landed(fs, f"{trial}/checkpoint_000009") and ck.landed(fs, f"{trial}/checkpoint_000001")
+
+
+def test_a_pickled_trainable_refers_to_rayrl_code_so_old_checkpoints_load_with_new_code(monkeypatch):
+    """RLlib pickles the trainable class into every checkpoint (class_and_ctor_args.pkl). A class made
+    per spec is pickled by value: were rayrl's hooks defined inside it, a checkpoint would carry that
+    version's code, and a changed helper signature would break loading it (seen on 2026-12-03:
+    `Uploader.__init__() got an unexpected keyword argument`)."""
+    import cloudpickle
+    from ray.rllib.algorithms.ppo import PPO
+
+    from rayrl.tune.trainable import TieredCheckpoints, tiered_trainable
+
+    settings = ck.TierSettings(local_dir="/x", keep=3)
+    blob = cloudpickle.dumps(tiered_trainable(PPO, settings))
+    monkeypatch.setattr(TieredCheckpoints, "cleanup", lambda self: "this version's cleanup")
+    loaded = cloudpickle.loads(blob)
+    assert loaded.__name__ == "PPO" and loaded._rayrl_tier == settings
+    assert loaded.__mro__[1:3] == (TieredCheckpoints, PPO)
+    assert loaded.cleanup(object.__new__(loaded)) == "this version's cleanup"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import posixpath
 import shutil
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayrl.faults.preemption import TrialPreemption
 from rayrl.storage import checkpoints as ck
@@ -21,147 +21,157 @@ DRAIN_S = 600.0  #: how long a stopping trial waits for its last uploads
 BACKPRESSURE_S = 120.0  #: how long a checkpoint waits for earlier uploads before it is queued anyway
 
 
+if TYPE_CHECKING:
+    from ray.tune import Trainable as _Trainable
+else:
+    _Trainable = object  # at run time the algorithm class supplies Trainable, after this mixin in the MRO
+
+
+class TieredCheckpoints(_Trainable):
+    """rayrl's persistence hooks, put in front of an RLlib Algorithm class by :func:`tiered_trainable`.
+
+    A module-level class, so a checkpoint's pickled trainable (Tune and RLlib pickle the class) refers
+    to these methods by name instead of carrying their code: a checkpoint written by one rayrl
+    version loads with the next one's code.
+    """
+
+    _rayrl_tier: ck.TierSettings
+
+    def setup(self, config: Any) -> None:
+        self._rayrl_uploader = upload.Uploader()
+        self._rayrl_stall_s = 0.0
+        self._rayrl_events: dict = {}
+        self._rayrl_preempt = TrialPreemption(self._rayrl_tier.preempt_grace_s)
+        self._rayrl_preempt.install()
+        super().setup(config)
+
+    def step(self) -> dict:
+        if self._rayrl_preempt.saved:  # Tune registered the preemption checkpoint: go now
+            self._rayrl_uploader.drain(self._rayrl_tier.preempt_grace_s)
+            self._rayrl_preempt.exit_now()
+        result = super().step()
+        up = self._rayrl_uploader.stats
+        result.setdefault("rayrl", {}).update(
+            checkpoint_stall_s=self._rayrl_stall_s,
+            checkpoint_uploads=up.uploaded,
+            checkpoint_upload_failures=up.failed_attempts,
+            checkpoint_upload_s=up.last_upload_s,
+            checkpoint_uploads_pending=self._rayrl_uploader.pending,
+            **self._rayrl_events,
+        )
+        if self._rayrl_preempt.requested:
+            result["should_checkpoint"] = True
+        return result
+
+    def save(self, checkpoint_dir: str | None = None) -> Any:
+        storage = getattr(self, "_storage", None)
+        if checkpoint_dir is not None or storage is None:
+            return super().save(checkpoint_dir)  # a direct call outside Tune: Tune's own path
+        from ray.tune import Checkpoint
+        from ray.tune.trainable.trainable import _TrainingResult
+
+        start = time.perf_counter()
+        metrics = dict(self._last_result or {})
+        storage._update_checkpoint_index(metrics)
+        dest = storage.checkpoint_fs_path
+        root = ck.local_root(self._rayrl_tier, storage.trial_fs_path)
+        local = root / posixpath.basename(dest)
+        shutil.rmtree(local, ignore_errors=True)
+        local.mkdir(parents=True)
+        if self.save_checkpoint(str(local)) not in (None, str(local)):
+            raise TypeError("rayrl's tiered checkpoints need save_checkpoint to write into its folder")
+        manifest.write(local, {k: metrics[k] for k in ck.META_KEYS if k in metrics})
+        preempted = self._rayrl_preempt.requested
+        if preempted or not self._rayrl_tier.tiered:
+            self._rayrl_uploader.drain(DRAIN_S if not preempted else self._rayrl_tier.preempt_grace_s)
+            self._rayrl_uploader.upload_now(local, storage.storage_filesystem, dest)
+        else:
+            self._backpressure()
+            self._rayrl_uploader.submit(local, storage.storage_filesystem, dest)
+        upload.prune_local(root, self._rayrl_tier.keep, protect={str(local), *self._rayrl_uploader.waiting_paths()})
+        self._rayrl_stall_s = time.perf_counter() - start
+        self._rayrl_preempt.saved = preempted
+        return _TrainingResult(checkpoint=Checkpoint(filesystem=storage.storage_filesystem, path=dest), metrics=metrics)
+
+    def _backpressure(self) -> None:
+        """Before queueing a checkpoint, let uploads catch up to ``keep - 2`` pending.
+
+        Tune deletes checkpoint N - keep from storage when N registers; were that one still
+        uploading, the delete would race the upload (a manifest over missing files) and storage
+        could hold no complete checkpoint at all. Waiting here bounds the queue and keeps one
+        complete checkpoint in storage; a store down longer than BACKPRESSURE_S is let through with
+        a line (the uploads retry; restore then skips what never landed)."""
+        limit = max(0, self._rayrl_tier.keep - 2)
+        if self._rayrl_uploader.pending <= limit:
+            return
+        waited = time.perf_counter()
+        caught_up = self._rayrl_uploader.wait_below(limit, BACKPRESSURE_S)
+        self._rayrl_events = {**self._rayrl_events, "checkpoint_wait_s": time.perf_counter() - waited}
+        if not caught_up:
+            print(
+                f"[rayrl] checkpoint uploads are {self._rayrl_uploader.pending} behind after "
+                f"{BACKPRESSURE_S:g}s (storage slow or down: {self._rayrl_uploader.stats.last_error or '?'}); "
+                "queueing this one too",
+                flush=True,
+            )
+
+    def restore(self, checkpoint_path: Any) -> None:
+        from ray.tune import Checkpoint
+        from ray.tune.trainable.trainable import _TrainingResult
+
+        if not isinstance(checkpoint_path, _TrainingResult):
+            return super().restore(checkpoint_path)
+        registered = checkpoint_path.checkpoint
+        try:
+            choice = ck.choose(registered.filesystem, registered.path, self._rayrl_tier)
+        except ck.NoIntactCheckpoint as exc:
+            # Every copy is broken or missing: a restore would fail the same way on every retry.
+            print(f"[rayrl] {exc}; the trial starts fresh from iteration 0", flush=True)
+            self._rayrl_events = {"restarted_fresh": 1}
+            return None
+        if choice is None and not ck.landed(registered.filesystem, registered.path):
+            # No checkpoint of this trial reached storage or this node's tier 1 (killed before the
+            # first upload finished): restoring would fail the same way on every retry.
+            print(
+                f"[rayrl] no checkpoint of this trial reached storage ({registered.path} was registered "
+                "but never uploaded); it starts fresh from iteration 0",
+                flush=True,
+            )
+            self._rayrl_events = {"restarted_fresh": 1}
+            return None
+        if choice is None:  # no manifests: a checkpoint from before rayrl wrote them
+            return super().restore(checkpoint_path)
+        metrics = dict(checkpoint_path.metrics)
+        if choice.rejected:
+            event = ck.record_fallback(
+                registered.filesystem, posixpath.dirname(registered.path), registered.path, choice
+            )
+            metrics = {**metrics, **choice.meta}
+            self._rayrl_events = {"restore_fallbacks": len(choice.rejected), "restored_from": event["restored"]}
+        if choice.downloaded_bytes:
+            ck.record_download(registered.filesystem, posixpath.dirname(registered.path), choice)
+            self._rayrl_events = {**self._rayrl_events, "restore_downloaded_bytes": choice.downloaded_bytes}
+        local = Checkpoint.from_directory(str(choice.path))
+        return super().restore(_TrainingResult(checkpoint=local, metrics=metrics))
+
+    def cleanup(self) -> None:
+        # Tier 1 is a cache for this trial's process (and for a retry on this node after a crash):
+        # once every upload landed, a stopping trial removes it.
+        uploader, storage = getattr(self, "_rayrl_uploader", None), getattr(self, "_storage", None)
+        if uploader is not None and not uploader.drain(DRAIN_S):
+            print(
+                f"[rayrl] {uploader.pending} checkpoint upload(s) did not finish in {DRAIN_S:g}s; "
+                "their local copies stay in tier 1",
+                flush=True,
+            )
+        elif uploader is not None and storage is not None:
+            shutil.rmtree(ck.local_root(self._rayrl_tier, storage.trial_fs_path), ignore_errors=True)
+        super().cleanup()
+
+
 def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
-    """``base`` (an RLlib Algorithm class) with rayrl's checkpoint persistence."""
-
-    class Tiered(base):
-        _rayrl_tier = settings
-
-        def setup(self, config: Any) -> None:
-            self._rayrl_uploader = upload.Uploader()
-            self._rayrl_stall_s = 0.0
-            self._rayrl_events: dict = {}
-            self._rayrl_preempt = TrialPreemption(self._rayrl_tier.preempt_grace_s)
-            self._rayrl_preempt.install()
-            super().setup(config)
-
-        def step(self) -> dict:
-            if self._rayrl_preempt.saved:  # Tune registered the preemption checkpoint: go now
-                self._rayrl_uploader.drain(self._rayrl_tier.preempt_grace_s)
-                self._rayrl_preempt.exit_now()
-            result = super().step()
-            up = self._rayrl_uploader.stats
-            result.setdefault("rayrl", {}).update(
-                checkpoint_stall_s=self._rayrl_stall_s,
-                checkpoint_uploads=up.uploaded,
-                checkpoint_upload_failures=up.failed_attempts,
-                checkpoint_upload_s=up.last_upload_s,
-                checkpoint_uploads_pending=self._rayrl_uploader.pending,
-                **self._rayrl_events,
-            )
-            if self._rayrl_preempt.requested:
-                result["should_checkpoint"] = True
-            return result
-
-        def save(self, checkpoint_dir: str | None = None) -> Any:
-            storage = getattr(self, "_storage", None)
-            if checkpoint_dir is not None or storage is None:
-                return super().save(checkpoint_dir)  # a direct call outside Tune: Tune's own path
-            from ray.tune import Checkpoint
-            from ray.tune.trainable.trainable import _TrainingResult
-
-            start = time.perf_counter()
-            metrics = dict(self._last_result or {})
-            storage._update_checkpoint_index(metrics)
-            dest = storage.checkpoint_fs_path
-            root = ck.local_root(self._rayrl_tier, storage.trial_fs_path)
-            local = root / posixpath.basename(dest)
-            shutil.rmtree(local, ignore_errors=True)
-            local.mkdir(parents=True)
-            if self.save_checkpoint(str(local)) not in (None, str(local)):
-                raise TypeError("rayrl's tiered checkpoints need save_checkpoint to write into its folder")
-            manifest.write(local, {k: metrics[k] for k in ck.META_KEYS if k in metrics})
-            preempted = self._rayrl_preempt.requested
-            if preempted or not self._rayrl_tier.tiered:
-                self._rayrl_uploader.drain(DRAIN_S if not preempted else self._rayrl_tier.preempt_grace_s)
-                self._rayrl_uploader.upload_now(local, storage.storage_filesystem, dest)
-            else:
-                self._backpressure()
-                self._rayrl_uploader.submit(local, storage.storage_filesystem, dest)
-            upload.prune_local(root, self._rayrl_tier.keep, protect={str(local), *self._rayrl_uploader.waiting_paths()})
-            self._rayrl_stall_s = time.perf_counter() - start
-            self._rayrl_preempt.saved = preempted
-            return _TrainingResult(
-                checkpoint=Checkpoint(filesystem=storage.storage_filesystem, path=dest), metrics=metrics
-            )
-
-        def _backpressure(self) -> None:
-            """Before queueing a checkpoint, let uploads catch up to ``keep - 2`` pending.
-
-            Tune deletes checkpoint N - keep from storage when N registers; were that one still
-            uploading, the delete would race the upload (a manifest over missing files) and storage
-            could hold no complete checkpoint at all. Waiting here bounds the queue and keeps one
-            complete checkpoint in storage; a store down longer than BACKPRESSURE_S is let through with
-            a line (the uploads retry; restore then skips what never landed)."""
-            limit = max(0, self._rayrl_tier.keep - 2)
-            if self._rayrl_uploader.pending <= limit:
-                return
-            waited = time.perf_counter()
-            caught_up = self._rayrl_uploader.wait_below(limit, BACKPRESSURE_S)
-            self._rayrl_events = {**self._rayrl_events, "checkpoint_wait_s": time.perf_counter() - waited}
-            if not caught_up:
-                print(
-                    f"[rayrl] checkpoint uploads are {self._rayrl_uploader.pending} behind after "
-                    f"{BACKPRESSURE_S:g}s (storage slow or down: {self._rayrl_uploader.stats.last_error or '?'}); "
-                    "queueing this one too",
-                    flush=True,
-                )
-
-        def restore(self, checkpoint_path: Any) -> None:
-            from ray.tune import Checkpoint
-            from ray.tune.trainable.trainable import _TrainingResult
-
-            if not isinstance(checkpoint_path, _TrainingResult):
-                return super().restore(checkpoint_path)
-            registered = checkpoint_path.checkpoint
-            try:
-                choice = ck.choose(registered.filesystem, registered.path, self._rayrl_tier)
-            except ck.NoIntactCheckpoint as exc:
-                # Every copy is broken or missing: a restore would fail the same way on every retry.
-                print(f"[rayrl] {exc}; the trial starts fresh from iteration 0", flush=True)
-                self._rayrl_events = {"restarted_fresh": 1}
-                return None
-            if choice is None and not ck.landed(registered.filesystem, registered.path):
-                # No checkpoint of this trial reached storage or this node's tier 1 (killed before the
-                # first upload finished): restoring would fail the same way on every retry.
-                print(
-                    f"[rayrl] no checkpoint of this trial reached storage ({registered.path} was registered "
-                    "but never uploaded); it starts fresh from iteration 0",
-                    flush=True,
-                )
-                self._rayrl_events = {"restarted_fresh": 1}
-                return None
-            if choice is None:  # no manifests: a checkpoint from before rayrl wrote them
-                return super().restore(checkpoint_path)
-            metrics = dict(checkpoint_path.metrics)
-            if choice.rejected:
-                event = ck.record_fallback(
-                    registered.filesystem, posixpath.dirname(registered.path), registered.path, choice
-                )
-                metrics = {**metrics, **choice.meta}
-                self._rayrl_events = {"restore_fallbacks": len(choice.rejected), "restored_from": event["restored"]}
-            if choice.downloaded_bytes:
-                ck.record_download(registered.filesystem, posixpath.dirname(registered.path), choice)
-                self._rayrl_events = {**self._rayrl_events, "restore_downloaded_bytes": choice.downloaded_bytes}
-            local = Checkpoint.from_directory(str(choice.path))
-            return super().restore(_TrainingResult(checkpoint=local, metrics=metrics))
-
-        def cleanup(self) -> None:
-            # Tier 1 is a cache for this trial's process (and for a retry on this node after a crash):
-            # once every upload landed, a stopping trial removes it.
-            uploader, storage = getattr(self, "_rayrl_uploader", None), getattr(self, "_storage", None)
-            if uploader is not None and not uploader.drain(DRAIN_S):
-                print(
-                    f"[rayrl] {uploader.pending} checkpoint upload(s) did not finish in {DRAIN_S:g}s; "
-                    "their local copies stay in tier 1",
-                    flush=True,
-                )
-            elif uploader is not None and storage is not None:
-                shutil.rmtree(ck.local_root(self._rayrl_tier, storage.trial_fs_path), ignore_errors=True)
-            super().cleanup()
-
-    Tiered.__name__ = Tiered.__qualname__ = base.__name__
-    return Tiered
+    """``base`` (an RLlib Algorithm class) with rayrl's checkpoint persistence; same name as ``base``."""
+    return type(base.__name__, (TieredCheckpoints, base), {"_rayrl_tier": settings, "__qualname__": base.__name__})
 
 
 def settings_for(spec: Any) -> ck.TierSettings:
