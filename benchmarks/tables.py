@@ -79,14 +79,19 @@ def greedy_at_end(run_folder: Path, episodes: int) -> dict[str, Any]:
     """
     import numpy as np
     import ray
-    from ray.rllib.algorithms.algorithm import Algorithm
+
+    from rayrl import spec as S
+    from rayrl.rllib import algo as A
 
     ckpts = sorted(run_folder.glob("tune/*/checkpoint_*"))
     if not ckpts:
         return {}
     ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
-        algo = Algorithm.from_checkpoint(str(ckpts[-1]))
+        # Built from the run's spec, then its state restored: the checkpoint's pickled trainable class
+        # is not needed (one written while rayrl's code changed mid-run would not load).
+        algo = A.build_config(S.load(run_folder / "spec.yaml")).build_algo()
+        algo.restore_from_path(str(ckpts[-1]))
         returns = [float(e.get_return()) for e in algo.env_runner.sample(num_episodes=episodes, explore=False)]
         algo.stop()
     finally:
