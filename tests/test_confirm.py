@@ -308,6 +308,7 @@ def test_the_race_stops_a_run_past_the_best_median_and_skips_a_config_that_canno
     assert r.bound() == 20.0  # the median of (10, 20, anything) is at most 20
     assert not r.should_stop(1, 9, 19.0)
     assert r.should_stop(1, 9, 20.5)  # censoring the best config's own worst run: its median stays 20
+    assert r.why_stop(1, 9, 20.5) == "this run passed 20, so it cannot be in its config's lower half"
     r.finish(1, 9, math.inf)
     assert r.bound() == 20.0
     assert not r.should_stop(2, 7, 20.0)  # at the bound, not past it: it could still tie
@@ -318,6 +319,7 @@ def test_the_race_stops_a_run_past_the_best_median_and_skips_a_config_that_canno
     r.finish(2, 8, math.inf)
     assert r.lowest_median(2) == math.inf
     assert r.should_stop(2, 9, 0.5)  # two runs out: the config cannot win, its last run stops at once
+    assert r.why_stop(2, 9, 0.5) == "its config's median can no longer beat the best median so far (20)"
     # an even seed count: the median averages two runs, so a run stops only past twice the bound
     e = confirm.Race([1, 2], [1, 2])
     e.finish(1, 1, 10.0)
@@ -325,6 +327,7 @@ def test_the_race_stops_a_run_past_the_best_median_and_skips_a_config_that_canno
     assert e.bound() == 20.0
     assert not e.should_stop(2, 1, 39.0)
     assert e.should_stop(2, 1, 40.5)
+    assert "passed 40 (twice the best median" in e.why_stop(2, 1, 40.5)
 
 
 def test_confirm_stopper_stops_at_target_budget_and_race_and_names_why():

@@ -196,12 +196,22 @@ class Race:
 
     def should_stop(self, candidate: int, seed: int, cost: float) -> bool:
         """Record a running run's cost so far; True when the race stops it (its config cannot win)."""
+        return self.why_stop(candidate, seed, cost) is not None
+
+    def why_stop(self, candidate: int, seed: int, cost: float) -> str | None:
+        """Record a running run's cost so far; the rule that stops it (a phrase), or None to go on."""
         run = self.runs[candidate][seed]
         run[0] = max(run[0], float(cost))
         bound = self.bound()
         if not math.isfinite(bound):
-            return False
-        return run[0] > self._threshold(bound) or self.lowest_median(candidate) > bound
+            return None
+        threshold = self._threshold(bound)
+        if run[0] > threshold:
+            twice = " (twice the best median: an even seed count averages two runs)" if threshold != bound else ""
+            return f"this run passed {threshold:.6g}{twice}, so it cannot be in its config's lower half"
+        if self.lowest_median(candidate) > bound:
+            return f"its config's median can no longer beat the best median so far ({bound:.6g})"
+        return None
 
 
 def stop_reason(reached: bool, errored: bool, env_steps: float | None, budget: float) -> str:

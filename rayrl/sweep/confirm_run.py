@@ -211,12 +211,11 @@ class ConfirmStopper(Stopper):
         if steps >= self.budget:
             self.race.finish(cand, seed, math.inf)
             return True
-        if self.race.should_stop(cand, seed, cost):
-            bound = self.race.bound()
+        why = self.race.why_stop(cand, seed, cost)
+        if why is not None:
             print(
                 f"[sweep] confirmation: race: candidate {cand} seed {seed} stopped after {steps:,.0f} env steps "
-                f"({self.objective} {cost:.6g}): past the best median so far ({bound:.6g}), it cannot change "
-                f"the choice",
+                f"({self.objective} {cost:.6g}): {why}; it cannot change the choice",
                 flush=True,
             )
             self.race.finish(cand, seed, math.inf)
