@@ -173,6 +173,15 @@ def landed(fs: Any, registered: str) -> bool:
         return True  # cannot tell: let Tune try, and say what it says
 
 
+def _record(fs: Any, trial_fs_path: str, prefix: str, event: dict) -> None:
+    """One restore event as a JSON file in the trial folder (best effort: a failed write only logs)."""
+    try:
+        with fs.open_output_stream(f"{trial_fs_path}/{prefix}{int(time.time() * 1000)}.json") as out:
+            out.write(json.dumps(event, indent=1).encode())
+    except OSError as exc:
+        log.warning("could not record %s in %s: %s", prefix.rstrip("-"), trial_fs_path, exc)
+
+
 def record_fallback(fs: Any, trial_fs_path: str, registered: str, choice: Choice) -> dict:
     """Log a restore that skipped corrupt checkpoints and write it into the trial folder."""
     event = {
@@ -189,11 +198,7 @@ def record_fallback(fs: Any, trial_fs_path: str, registered: str, choice: Choice
         event["restored"],
     )
     print(f"[rayrl] checkpoint {event['registered']} is not intact; restored {event['restored']} instead", flush=True)
-    try:
-        with fs.open_output_stream(f"{trial_fs_path}/{FALLBACK_PREFIX}{int(time.time() * 1000)}.json") as out:
-            out.write(json.dumps(event, indent=1).encode())
-    except OSError as exc:
-        log.warning("could not record the fallback in %s: %s", trial_fs_path, exc)
+    _record(fs, trial_fs_path, FALLBACK_PREFIX, event)
     return event
 
 
@@ -209,11 +214,7 @@ def record_download(fs: Any, trial_fs_path: str, choice: Choice) -> None:
     print(
         f"[rayrl] restored {choice.path.name} from storage ({choice.downloaded_bytes:,} bytes downloaded)", flush=True
     )
-    try:
-        with fs.open_output_stream(f"{trial_fs_path}/{DOWNLOAD_PREFIX}{int(time.time() * 1000)}.json") as out:
-            out.write(json.dumps(event, indent=1).encode())
-    except OSError as exc:
-        log.warning("could not record the download in %s: %s", trial_fs_path, exc)
+    _record(fs, trial_fs_path, DOWNLOAD_PREFIX, event)
 
 
 def fallbacks(run_dir: Path) -> list[dict]:

@@ -41,8 +41,6 @@ class Seen:
 
 
 class LeaseStore(Protocol):
-    where: str
-
     def read(self) -> Seen | None: ...
     def create(self, data: bytes) -> str | None: ...
     def replace(self, data: bytes, version: str) -> str | None: ...
@@ -57,7 +55,7 @@ class LocalLeaseStore:
     """A lock file on a local (or NFS) disk; every check-then-write holds ``flock`` on the run folder."""
 
     def __init__(self, path: str) -> None:
-        self.path, self.where = path, path
+        self.path = path
         self.folder = os.path.dirname(path) or "."
 
     @contextlib.contextmanager
@@ -70,7 +68,7 @@ class LocalLeaseStore:
         finally:
             os.close(fd)  # closing releases the flock
 
-    def _read(self) -> Seen | None:
+    def read(self) -> Seen | None:
         try:
             with open(self.path, "rb") as f:
                 data = f.read()
@@ -78,9 +76,6 @@ class LocalLeaseStore:
         except FileNotFoundError:
             return None
         return Seen(data, _digest(data), max(0.0, time.time() - mtime))
-
-    def read(self) -> Seen | None:
-        return self._read()
 
     def create(self, data: bytes) -> str | None:
         with self._guard():
@@ -91,7 +86,7 @@ class LocalLeaseStore:
 
     def replace(self, data: bytes, version: str) -> str | None:
         with self._guard():
-            seen = self._read()
+            seen = self.read()
             if seen is None or seen.version != version:
                 return None
             files.write_local(self.path, data)
@@ -99,7 +94,7 @@ class LocalLeaseStore:
 
     def delete(self, version: str) -> bool:
         with self._guard():
-            seen = self._read()
+            seen = self.read()
             if seen is None or seen.version != version:
                 return False
             os.unlink(self.path)
@@ -111,7 +106,6 @@ class S3LeaseStore:
 
     def __init__(self, client: Any, bucket: str, key: str) -> None:
         self.client, self.bucket, self.key = client, bucket, key
-        self.where = f"s3://{bucket}/{key}"
 
     @classmethod
     def for_uri(cls, uri: str, path: str, timeout_s: float = 10.0) -> S3LeaseStore:

@@ -104,7 +104,6 @@ class RunLock:
         self.host = socket.gethostname()
         self.took_over: str | None = None
         self.lost: str | None = None
-        self.renewals = 0
         self._version: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -122,10 +121,6 @@ class RunLock:
         stale_s = kwargs.get("stale_s", STALE_S)
         # A renewal must fail fast enough for the fence to act before a taker may win.
         return cls(leases.for_location(loc, timeout_s=max(0.2, stale_s / 8)), loc.uri, **kwargs)
-
-    def read(self) -> dict | None:
-        seen = self.store.read()
-        return None if seen is None else _parse(seen.data)
 
     def _body(self) -> bytes:
         return json.dumps({**self._info, "heartbeat": time.time()}).encode()
@@ -182,7 +177,6 @@ class RunLock:
                 self._lose(f"another process took it over (host {now.get('host', '?')}, pid {now.get('pid', '?')})")
                 return
             self._version, sent_ok = version, sending
-            self.renewals += 1
 
     def _lose(self, why: str) -> None:
         self.lost = why
