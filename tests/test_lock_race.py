@@ -71,15 +71,18 @@ def slow_s3(s3_server, monkeypatch):
 
 def test_racing_threads_on_s3_behind_slow_puts_never_hold_at_once(slow_s3, tmp_path, monkeypatch):
     monkeypatch.setenv("RAYRL_HOME", str(tmp_path / "home"))
-    doubles = winners_per_trial = 0
+    doubles = sole_holder = 0
     trials = 50
     for i in range(trials):
         held = _race_threads("s3://rayrl/race", f"t{i}", takers=4, stagger_s=0.1 if i % 2 else 0.0, hold_s=0.5)
         doubles += _overlaps(held)
-        winners_per_trial += len(held) == 1
+        # Someone always gets the name; a taker whose slowed PUT lands after the holder let go may
+        # hold it next (one after the other is exclusion), so most trials, not all, have one holder.
+        assert held, f"trial {i}: nobody got the lock"
+        sole_holder += len(held) == 1
     assert slow_s3.puts > trials * 4  # the PUTs went through the slow proxy
     assert doubles == 0
-    assert winners_per_trial == trials  # each trial: one holder; the others were refused while it held
+    assert sole_holder >= trials * 0.8, sole_holder  # the takers did race: the others were refused
 
 
 def test_racing_threads_on_a_local_disk_never_hold_at_once(tmp_path):
