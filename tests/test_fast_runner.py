@@ -308,3 +308,31 @@ def test_ppo_learns_the_same_with_either_runner(ray_local):
     print(curves)
     np.testing.assert_allclose(curves["fast"], curves["rllib"], rtol=0.02)
     assert curves["fast"][-1] >= 60.0
+
+
+def test_envpool_backend_runs_an_ale_spec_with_rllibs_atari_frames():
+    """An ALE spec on the envpool backend: the same observation space RLlib's Atari wrapper gives (84x84,
+    4 frames channels-last, [-1, 1]), so the same CNN; lives are episodes and rewards are clipped."""
+    pytest.importorskip("envpool")
+    pytest.importorskip("ale_py")
+    from rayrl.envs.registry import make_atari
+    from rayrl.sampling.fast_runner import EnvPoolFastEnvRunner
+
+    spec = spec_mod.load(
+        "experiments/configs/atari_breakout_ppo_cpu.yaml",
+        ["env.backend=envpool", "env.runner=fast", "env.envs_per_runner=2"],
+    )
+    from rayrl.rllib.algo import build_config
+
+    torch.set_num_threads(1)
+    r = runner(EnvPoolFastEnvRunner, build_config(spec))
+    assert r.fast_off_reason is None and type(r.env.env).__name__ == "EnvPoolVectorEnv"
+    assert r.env.single_observation_space == make_atari("ALE/Breakout-v5", dict(spec.env.config)).observation_space
+    eps = r.sample(num_timesteps=600, explore=True)
+    obs = np.concatenate([e.get_observations() for e in eps])
+    assert obs.shape[1:] == (84, 84, 4) and obs.dtype == np.float32 and obs.min() == -1.0 and obs.max() <= 1.0
+    assert np.abs(obs[:, :, :, 0] - obs[:, :, :, 3]).max() > 0  # a stack of different frames, not one repeated
+    done = [e for e in eps if e.is_done and e.t_started == 0]
+    assert len(done) >= 5  # a random Breakout player loses a life every ~30 steps: each life is an episode
+    rewards = np.concatenate([e.get_rewards() for e in eps])
+    assert set(np.unique(rewards)) <= {0.0, 1.0} and rewards.sum() > 0  # clipped to their sign, and some scored

@@ -17,6 +17,7 @@ from typing import Any
 ATARI_DIM = 84  #: frame height and width after preprocessing (RLlib has a default CNN for 84x84)
 ATARI_FRAMESTACK = 4  #: frames stacked into one observation
 ATARI_FRAMESKIP = 4  #: frames per action (max-pooled over the last two) unless env.config says otherwise
+ATARI_PREFIX = "rayrl_atari:"  #: the registered name of an ALE id's preprocessed env
 
 
 def is_ale(env_id: str) -> bool:
@@ -49,10 +50,15 @@ def env_name(env_id: str) -> str:
         register_env(name, lambda cfg, f=factory: f(dict(cfg)))
         return name
     if is_ale(env_id):
-        name = "rayrl_atari:" + env_id
+        name = ATARI_PREFIX + env_id
         register_env(name, lambda cfg, env_id=env_id: make_atari(env_id, dict(cfg)))
         return name
     return env_id
+
+
+def ale_id_of(name: str) -> str | None:
+    """The ALE id behind a name :func:`env_name` registered (None for any other name)."""
+    return name.removeprefix(ATARI_PREFIX) if name.startswith(ATARI_PREFIX) else None
 
 
 def make_atari(env_id: str, env_config: dict) -> Any:

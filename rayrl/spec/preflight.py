@@ -49,12 +49,15 @@ def check_backend(env: EnvSpec) -> None:
             f"env.backend: 'envpool' cannot be imported here ({missing}); pip install envpool, or "
             "set env.backend: gymnasium."
         )
-    if env.id not in envpool_ids():
-        near = difflib.get_close_matches(env.id, envpool_ids(), n=1, cutoff=0.6)
+    from rayrl.sampling.backends import envpool_id
+
+    if envpool_id(env.id) not in envpool_ids():
+        near = difflib.get_close_matches(envpool_id(env.id), envpool_ids(), n=1, cutoff=0.6)
         hint = f"did you mean {near[0]!r}? " if near else ""
         raise SpecError(
             f"env.backend: 'envpool' has no env {env.id!r}; {hint}give an id EnvPool implements "
-            "(envpool.list_all_envs()) or set env.backend: gymnasium."
+            "(envpool.list_all_envs(); an ALE id such as ALE/Breakout-v5 maps to Breakout-v5) or set "
+            "env.backend: gymnasium."
         )
 
 
