@@ -32,6 +32,16 @@
     observation and action spaces and default reward; Zoo's entry was tuned on v3/v4.
 * ``rayrl`` / ``rayrl_fast``: rayrl's spec through ``rayrl.rllib.algo.build_config`` with
   ``env.runner`` rllib / fast.
+* ``sb3_same_settings``: Stable-Baselines3 PPO with the spec's settings (``sb3_same_settings``): envs,
+  rollout (batch / envs steps per env), minibatch, epochs, lr, gamma, lambda, clip (RLlib's 0.3 when
+  the spec leaves it unset), entropy and value coefficients, gradient clip, Adam's epsilon, the
+  network (separate policy and value MLPs of ``model.hidden``, or SB3's shared trunk with
+  ``vf_share_layers``), orthogonal init only with ``model.init: orthogonal``, VecNormalize with
+  ``model.normalize_obs`` / ``algo.normalize_reward``. Not mapped (SB3 has no equivalent):
+  RLlib's value-loss clip (``algo.vf_clip``) and schedules other than to 0; the ratio is then a
+  platform result only as far as these match, which ``same_settings_gaps`` lists.
+* ``rayrl_zoo_settings``: RL Zoo's tuned settings for the env (``ZOO_SPEC``) as rayrl spec overrides:
+  the same algorithm as ``sb3_zoo``, on rayrl.
 """
 
 from __future__ import annotations
@@ -47,12 +57,149 @@ SB3_ZOO_ENVS = tuple(ZOO_N_TIMESTEPS)  #: env ids sb3_zoo has RL Zoo's tuned hyp
 TUNED_EXAMPLE_ENVS = ("CartPole-v1",)  #: env ids RLlib has a tuned PPO example for (see the docstring)
 
 
+#: RL Zoo's tuned PPO settings per env as rayrl spec overrides (the same values sb3_zoo gives SB3).
+ZOO_SPEC: dict[str, dict[str, Any]] = {
+    "CartPole-v1": {
+        "env.envs_per_runner": 8,
+        "algo.train_batch_per_learner": 8 * 32,
+        "algo.minibatch_size": 256,
+        "algo.epochs": 20,
+        "algo.gamma": 0.98,
+        "algo.gae_lambda": 0.8,
+        "algo.entropy_coeff": 0.0,
+        "algo.lr": 1e-3,
+        "algo.lr_final": 0.0,
+        "algo.clip": 0.2,
+        "algo.clip_final": 1e-4,  # rayrl needs > 0; SB3's anneal ends at 0 on the last step
+        "algo.vf_loss_coeff": 0.5,  # SB3's defaults from here on
+        "algo.grad_clip": 0.5,
+        "algo.vf_clip": None,
+        "algo.adam_eps": 1e-5,
+        "model.hidden": [64, 64],
+        "model.activation": "tanh",
+        "model.vf_share_layers": False,
+        "model.init": "orthogonal",
+        "stop.env_steps": ZOO_TIMESTEPS,  # the schedules' horizon, as Zoo's n_timesteps
+    },
+    "Hopper-v5": {
+        "env.envs_per_runner": 1,
+        "algo.train_batch_per_learner": 512,
+        "algo.minibatch_size": 32,
+        "algo.epochs": 5,
+        "algo.gamma": 0.999,
+        "algo.gae_lambda": 0.99,
+        "algo.lr": 9.80828e-05,
+        "algo.entropy_coeff": 0.00229519,
+        "algo.clip": 0.2,
+        "algo.vf_loss_coeff": 0.835671,
+        "algo.grad_clip": 0.7,
+        "algo.vf_clip": None,
+        "algo.adam_eps": 1e-5,
+        "algo.normalize_reward": True,
+        "model.normalize_obs": True,
+        "model.hidden": [256, 256],
+        "model.activation": "relu",
+        "model.vf_share_layers": False,
+        "model.init": "default",
+        "model.log_std_init": -2.0,
+        "stop.env_steps": 1_000_000,
+    },
+}
+ZOO_SPEC["Hopper-v4"] = ZOO_SPEC["Hopper-v5"]
+
+
+def zoo_overrides(env_id: str) -> list[str]:
+    """``--set`` style overrides that put RL Zoo's settings for ``env_id`` into a rayrl spec."""
+    import json
+
+    if env_id not in ZOO_SPEC:
+        raise ValueError(
+            f"rayrl_zoo_settings: RL Zoo settings are wired for {', '.join(ZOO_SPEC)} only, not {env_id!r}"
+        )
+    return [f"{k}={json.dumps(v)}" for k, v in ZOO_SPEC[env_id].items()]
+
+
+def rayrl_zoo_settings(spec: Any, seed: int | None = None) -> Any:
+    """rayrl's config for ``spec`` with RL Zoo's tuned settings for its env laid over it."""
+    from rayrl import spec as spec_mod
+
+    data = spec_mod.apply_overrides(spec_mod.to_dict(spec), zoo_overrides(spec.env.id))
+    return rayrl(spec_mod.from_dict(data), spec.env.runner, seed)
+
+
+def same_settings_gaps(spec: Any) -> list[str]:
+    """What ``sb3_same_settings`` cannot give SB3 of this spec (empty: every setting maps)."""
+    a = spec.algo
+    gaps = []
+    if a.vf_clip is not None:
+        gaps.append(f"algo.vf_clip {a.vf_clip} (RLlib clips the value loss; SB3 has no such clip)")
+    for name in ("lr_final", "clip_final", "entropy_final"):
+        if getattr(a, name) not in (None, 0.0):
+            gaps.append(f"algo.{name} {getattr(a, name)} (SB3's linear schedules end at 0)")
+    if spec.resources.env_runners > 1:
+        gaps.append(f"resources.env_runners {spec.resources.env_runners} (SB3 samples its envs in one process)")
+    return gaps
+
+
+def sb3_same_settings(spec: Any, seed: int | None = None) -> Any:
+    """An SB3 PPO model with ``spec``'s settings (not yet trained); see the module docstring."""
+    try:
+        import torch.nn as nn
+        from stable_baselines3 import PPO
+        from stable_baselines3.common.env_util import make_vec_env
+        from stable_baselines3.common.vec_env import VecNormalize
+    except ImportError as exc:
+        raise SystemExit(f"sb3_same_settings needs stable-baselines3 ({exc}): pip install -e '.[bench]'") from None
+
+    a, m = spec.algo, spec.model
+    seed = spec.seed if seed is None else seed
+    n_envs = spec.env.envs_per_runner * max(1, spec.resources.env_runners)
+    env = make_vec_env(spec.env.id, n_envs=n_envs, seed=seed, env_kwargs=dict(spec.env.config))
+    if m.normalize_obs or a.normalize_reward:
+        env = VecNormalize(env, norm_obs=m.normalize_obs, norm_reward=a.normalize_reward, gamma=a.gamma)
+
+    def schedule(start: float, final: float | None) -> Any:
+        return start if final is None else (lambda progress_remaining: progress_remaining * start)
+
+    net = list(m.hidden)
+    policy_kwargs: dict[str, Any] = {
+        "activation_fn": {"tanh": nn.Tanh, "relu": nn.ReLU}.get(m.activation, nn.Tanh),
+        "net_arch": net if m.vf_share_layers else {"pi": net, "vf": net},
+        "ortho_init": m.init == "orthogonal",
+        "optimizer_kwargs": {"eps": a.adam_eps},
+    }
+    if m.log_std_init is not None:
+        policy_kwargs["log_std_init"] = m.log_std_init
+    return PPO(
+        "MlpPolicy",
+        env,
+        n_steps=max(1, a.train_batch_per_learner // n_envs),
+        batch_size=a.minibatch_size,
+        n_epochs=a.epochs,
+        learning_rate=schedule(a.lr, a.lr_final),
+        gamma=a.gamma,
+        gae_lambda=a.gae_lambda,
+        clip_range=schedule(a.clip if a.clip is not None else 0.3, a.clip_final),
+        ent_coef=a.entropy_coeff,
+        vf_coef=a.vf_loss_coeff,
+        max_grad_norm=a.grad_clip if a.grad_clip > 0 else float("inf"),
+        policy_kwargs=policy_kwargs,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
+
+
 def left_out(env_id: str) -> dict[str, str]:
     """The env-specific contenders that cannot run on ``env_id``, each with why."""
     out = {}
     if env_id not in SB3_ZOO_ENVS:
         out["sb3_zoo"] = (
             f"RL Zoo's tuned hyperparameters are wired in benchmarks/contenders.py for {', '.join(SB3_ZOO_ENVS)} only"
+        )
+    if env_id not in ZOO_SPEC:
+        out["rayrl_zoo_settings"] = (
+            f"RL Zoo's settings as a rayrl spec are wired in benchmarks/contenders.py for {', '.join(ZOO_SPEC)} only"
         )
     if env_id not in TUNED_EXAMPLE_ENVS:
         out["rllib_tuned_example"] = (

@@ -22,6 +22,8 @@ The env of ``--config`` picks the peers and the defaults (``ENV_DEFAULTS``):
   refused with a one-paragraph error naming the env and what each supports.
 
 Contenders (``contenders.py``): ``sb3_zoo`` (SB3 + RL Zoo's tuned hyperparameters for the env),
+``rayrl_zoo_settings`` (the same hyperparameters as a rayrl spec, annealing included: the platform
+comparison with ``sb3_zoo``, at equal settings),
 ``rllib_same_settings`` (stock RLlib with exactly the spec's settings, obs filter and evaluation
 included), ``rllib_tuned_example`` (RLlib's tuned example), ``rayrl_default`` (``--config``),
 ``rayrl_sweep_best`` (the ``best_config.yaml`` of the sweep run folder ``--sweep``) and
@@ -74,6 +76,7 @@ OTHER_CAPS = {"full": (1_000_000, 300.0), "quick": (60_000, 60.0)}
 
 CONTENDERS = (
     "sb3_zoo",
+    "rayrl_zoo_settings",
     "rllib_same_settings",
     "rllib_tuned_example",
     "rayrl_default",
@@ -98,7 +101,8 @@ def refusal(env_id: str, names: list[str]) -> str:
     return (
         f"--contenders {' '.join(names)}: cannot run on {env_id} (the env of --config): "
         + "; ".join(f"{n}: {why[n]}" for n in names)
-        + f". Supported: sb3_zoo on {', '.join(K.SB3_ZOO_ENVS)}; rllib_tuned_example on "
+        + f". Supported: sb3_zoo on {', '.join(K.SB3_ZOO_ENVS)}; rayrl_zoo_settings on {', '.join(K.ZOO_SPEC)}; "
+        "rllib_tuned_example on "
         f"{', '.join(K.TUNED_EXAMPLE_ENVS)}; rllib_same_settings, rayrl_default (and rayrl_sweep_best/"
         f"rayrl_sweep_total with --sweep) on any env, since they follow the spec. On {env_id} run e.g. "
         f"--contenders {' '.join(peers(env_id))}, or add that env's tuned settings to benchmarks/contenders.py."
@@ -209,6 +213,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace, specs: dict[str, Any
         "rllib_same_settings": lambda: K.rllib_same_settings(specs["rayrl_default"], seed=seed),
         "rllib_tuned_example": lambda: K.rllib_tuned_example(seed=seed, env_id=env_id),
         "rayrl_default": lambda: K.rayrl(specs["rayrl_default"], specs["rayrl_default"].env.runner, seed),
+        "rayrl_zoo_settings": lambda: K.rayrl_zoo_settings(specs["rayrl_default"], seed),
         "rayrl_sweep_best": lambda: K.rayrl(specs["rayrl_sweep_best"], specs["rayrl_sweep_best"].env.runner, seed),
     }[name]()
     return run_to_target(config, args.target, args.max_env_steps, args.max_wall_s, progress)

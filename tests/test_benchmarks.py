@@ -178,7 +178,13 @@ def test_time_to_reward_flags_are_checked_before_any_run(tmp_path):
     with pytest.raises(SystemExit):
         ttr.parse(["--sweep", str(tmp_path)])  # no best_config.yaml / summary.json there
     args = ttr.parse(["--quick"])
-    assert args.contenders == ["sb3_zoo", "rllib_same_settings", "rllib_tuned_example", "rayrl_default"]
+    assert args.contenders == [
+        "sb3_zoo",
+        "rayrl_zoo_settings",
+        "rllib_same_settings",
+        "rllib_tuned_example",
+        "rayrl_default",
+    ]
     assert args.target == 150.0 and args.seed_base == 5000
     # seeds a sweep trained on (spec seed 0, confirmation 1000 and 2000) are refused for judging its answer
     (tmp_path / "best_config.yaml").write_text("name: x\n")
@@ -228,7 +234,9 @@ MIN_FAST_OVER_RLLIB, MIN_FAST_OVER_LIMIT, MIN_E2E_OVER_RLLIB = 1.5, 0.5, 1.15
 
 @pytest.mark.slow
 def test_throughput_quick_fast_path_beats_rllib_at_equal_settings(tmp_path):
-    report, printed = run_quick("throughput", tmp_path / "t.json", "--skip", "rllib_tuned_example", "sb3_zoo")
+    report, printed = run_quick(
+        "throughput", tmp_path / "t.json", "--skip", "rllib_tuned_example", "sb3_zoo", "sb3_same_settings"
+    )
     positive(
         report["limit_sps"],
         report["limit_best_sps"],
@@ -236,7 +244,7 @@ def test_throughput_quick_fast_path_beats_rllib_at_equal_settings(tmp_path):
         report["fast_runner_sps"],
         report["rllib_same_settings_sps"],
         report["rayrl_sps"],
-        report["rayrl_fast_sps"],
+        report["rayrl_rllib_runner_sps"],
     )
     assert report["limit_envs"] == 8 and report["limit_best_sps"] >= report["limit_sps"]
     # Sampling alone, same config, weights and env, in one process: measured, not recomputed.
@@ -244,23 +252,25 @@ def test_throughput_quick_fast_path_beats_rllib_at_equal_settings(tmp_path):
     assert report["fast_over_rllib_runner_sync"] >= MIN_FAST_OVER_RLLIB, report["fast_over_rllib_runner_sync"]
     assert report["fast_over_limit"] >= MIN_FAST_OVER_LIMIT, report["fast_over_limit"]
     # End to end (sampling + learning), equal settings: rayrl with the fast runner beats stock RLlib.
-    assert report["rayrl_fast_over_rllib_same_settings"] >= MIN_E2E_OVER_RLLIB, report["round_medians"]
+    assert report["rayrl_over_rllib_same_settings"] >= MIN_E2E_OVER_RLLIB, report["round_medians"]
     # Nothing that learns, or runs through Ray, beats the bare loop at the same env count.
-    for name in ("rllib_same_settings", "rayrl", "rayrl_fast", "rllib_runner"):
+    for name in ("rllib_same_settings", "rayrl", "rayrl_rllib_runner", "rllib_runner"):
         assert report[f"{name}_sps"] < report["limit_sps"], name
     assert "rllib_tuned_example_sps" not in report and "sb3_zoo_sps" not in report  # --skip honoured
-    assert report["timers_median_s"]["rayrl_fast"]["learner_update_timer"] > 0
+    assert report["timers_median_s"]["rayrl"]["learner_update_timer"] > 0
     assert "rayrl fast runner" in printed
     assert f"fast_over_rllib_runner = {report['fast_over_rllib_runner']:.2f}" in printed
 
 
 @pytest.mark.slow
 def test_time_to_reward_quick_reaches_a_target_far_above_random_play(tmp_path):
-    report, printed = run_quick("time_to_reward", tmp_path / "ttr.json", "--contenders", "sb3_zoo", "rayrl_default")
+    report, printed = run_quick(
+        "time_to_reward", tmp_path / "ttr.json", "--contenders", "sb3_zoo", "rayrl_zoo_settings", "rayrl_default"
+    )
     random_return = report["random_play_return"]
     assert 15 < random_return < 35  # CartPole's random policy: ~22
     assert report["target_return"] == 150.0 and report["target_return"] >= 5 * random_return
-    assert set(report["contenders"]) == {"sb3_zoo", "rayrl_default"}
+    assert set(report["contenders"]) == {"sb3_zoo", "rayrl_zoo_settings", "rayrl_default"}
     for name, s in report["contenders"].items():
         (run,) = s["runs"]
         assert run["seed"] == 5000
@@ -275,9 +285,18 @@ def test_time_to_reward_quick_reaches_a_target_far_above_random_play(tmp_path):
 @pytest.mark.slow
 def test_time_to_reward_quick_on_hopper_runs_the_hopper_peers(tmp_path):
     config = str(ROOT / "experiments" / "configs" / "mujoco_hopper_ppo.yaml")
-    report, printed = run_quick("time_to_reward", tmp_path / "ttr.json", "--config", config)
-    assert report["env_id"] == "Hopper-v5" and set(report["left_out"]) == {"rllib_tuned_example"}
-    assert "rllib_tuned_example left out on Hopper-v5" in printed
+    # The default peers (rayrl_zoo_settings among them) are checked without training below; these three run.
+    report, printed = run_quick(
+        "time_to_reward",
+        tmp_path / "ttr.json",
+        "--config",
+        config,
+        "--contenders",
+        "sb3_zoo",
+        "rllib_same_settings",
+        "rayrl_default",
+    )
+    assert report["env_id"] == "Hopper-v5"
     assert 10 < report["random_play_return"] < 30  # Hopper's random policy: ~17
     assert report["target_return"] == 150.0
     assert set(report["contenders"]) == {"sb3_zoo", "rllib_same_settings", "rayrl_default"}
@@ -428,15 +447,21 @@ HOPPER = ROOT / "experiments" / "configs" / "mujoco_hopper_ppo.yaml"
 
 def test_time_to_reward_peers_follow_the_env_of_the_config():
     ttr = load("time_to_reward")
-    assert ttr.peers("CartPole-v1") == ["sb3_zoo", "rllib_same_settings", "rllib_tuned_example", "rayrl_default"]
+    assert ttr.peers("CartPole-v1") == [
+        "sb3_zoo",
+        "rayrl_zoo_settings",
+        "rllib_same_settings",
+        "rllib_tuned_example",
+        "rayrl_default",
+    ]
     assert ttr.peers("CartPole-v1", sweep=True) == list(ttr.CONTENDERS)
     # Hopper: SB3 with Zoo's Hopper settings; RLlib ships no tuned Hopper example, so it is left out.
     for hopper in ("Hopper-v5", "Hopper-v4"):
-        assert ttr.peers(hopper) == ["sb3_zoo", "rllib_same_settings", "rayrl_default"]
+        assert ttr.peers(hopper) == ["sb3_zoo", "rayrl_zoo_settings", "rllib_same_settings", "rayrl_default"]
         assert set(ttr.left_out(hopper)) == {"rllib_tuned_example"}
         assert "no tuned PPO example for " + hopper in ttr.left_out(hopper)["rllib_tuned_example"]
     assert ttr.peers("Pendulum-v1") == ["rllib_same_settings", "rayrl_default"]
-    assert set(ttr.left_out("Pendulum-v1")) == {"sb3_zoo", "rllib_tuned_example"}
+    assert set(ttr.left_out("Pendulum-v1")) == {"sb3_zoo", "rayrl_zoo_settings", "rllib_tuned_example"}
     assert ttr.left_out("CartPole-v1") == {}
 
 
@@ -460,7 +485,8 @@ def test_time_to_reward_defaults_follow_the_env_and_cartpole_is_unchanged():
     )
     assert args.left_out == {}
     args = ttr.parse(["--config", str(HOPPER)])
-    assert args.env_id == "Hopper-v5" and args.contenders == ["sb3_zoo", "rllib_same_settings", "rayrl_default"]
+    assert args.env_id == "Hopper-v5"
+    assert args.contenders == ["sb3_zoo", "rayrl_zoo_settings", "rllib_same_settings", "rayrl_default"]
     assert (args.target, args.max_env_steps, args.max_wall_s, args.seeds) == (ttr.HOPPER_TARGET, 1_000_000, 300.0, 3)
     assert set(args.left_out) == {"rllib_tuned_example"}
     args = ttr.parse(["--config", str(HOPPER), "--quick", "--max-wall-s", "0.5", "--target", "0"])
@@ -482,7 +508,7 @@ def test_time_to_reward_refuses_env_specific_contenders_on_other_envs(capsys):
     # Another env runs what follows the spec, and needs a target: none is guessed for it.
     args = ttr.parse(["--set", "env.id=Pendulum-v1", "--target", "-200"])
     assert args.contenders == ["rllib_same_settings", "rayrl_default"] and args.target == -200.0
-    assert set(args.left_out) == {"sb3_zoo", "rllib_tuned_example"}
+    assert set(args.left_out) == {"sb3_zoo", "rayrl_zoo_settings", "rllib_tuned_example"}
     with pytest.raises(SystemExit):
         ttr.parse(["--set", "env.id=Pendulum-v1"])
     assert "no default target return for Pendulum-v1" in capsys.readouterr().err
@@ -552,18 +578,19 @@ def test_throughput_peers_follow_the_env_and_cartpole_is_unchanged():
     assert tp.end_to_end_peers("CartPole-v1", ["sb3_zoo"])[0] == [
         "rllib_same_settings",
         "rllib_tuned_example",
+        "sb3_same_settings",
+        "rayrl_rllib_runner",
         "rayrl",
-        "rayrl_fast",
     ]
     for hopper in ("Hopper-v5", "Hopper-v4"):
         peers, left_out = tp.end_to_end_peers(hopper)
-        assert peers == ["rllib_same_settings", "sb3_zoo", "rayrl", "rayrl_fast"]
+        assert peers == ["rllib_same_settings", "sb3_zoo", "sb3_same_settings", "rayrl_rllib_runner", "rayrl"]
         assert (
             set(left_out) == {"rllib_tuned_example"}
             and "no tuned PPO example for " + hopper in left_out["rllib_tuned_example"]
         )
-    peers, left_out = tp.end_to_end_peers("Pendulum-v1", ["rayrl"])
-    assert peers == ["rllib_same_settings", "rayrl_fast"] and set(left_out) == {"sb3_zoo", "rllib_tuned_example"}
+    peers, left_out = tp.end_to_end_peers("Pendulum-v1", ["rayrl_rllib_runner", "sb3_same_settings"])
+    assert peers == ["rllib_same_settings", "rayrl"] and set(left_out) == {"sb3_zoo", "rllib_tuned_example"}
 
 
 def test_throughput_bare_loop_falls_back_to_sync_where_the_env_has_no_vector_entry_point():
@@ -608,8 +635,8 @@ def test_throughput_reports_whether_the_fast_path_was_active():
     # A run whose runners all failed sampled nothing: a failure, never a figure of 0 env steps/s.
     tp.check_sampled("rayrl", [1.0, 0.0])
     tp.check_sampled("rayrl", [])
-    with pytest.raises(RuntimeError, match="rayrl_fast: 0 env steps in 2 timed iterations"):
-        tp.check_sampled("rayrl_fast", [0.0, 0.0])
+    with pytest.raises(RuntimeError, match="rayrl: 0 env steps in 2 timed iterations"):
+        tp.check_sampled("rayrl", [0.0, 0.0])
     assert (
         tp.error_text(RuntimeError("ray said\n  trace\nRuntimeError: mat1 and mat2"))
         == "RuntimeError: RuntimeError: mat1 and mat2"
@@ -639,7 +666,10 @@ def test_throughput_goals_follow_the_env_end_to_end_13x_on_mujoco():
     assert tp.goals_for("CartPole-v1") == {
         "fast_over_rllib_runner": 2.0,
         "fast_over_limit": 0.70,
-        "rayrl_fast_over_rllib_same_settings": 1.6,
+        "rayrl_over_rllib_same_settings": 1.6,
     }
     hop = tp.goals_for("Hopper-v5")
-    assert hop["rayrl_fast_over_rllib_same_settings"] == 1.3 and hop["fast_over_rllib_runner"] == 2.0
+    assert hop["rayrl_over_rllib_same_settings"] == 1.3 and hop["fast_over_rllib_runner"] == 2.0
+    small = tp.goals_for("CartPole-v1", batch=256)  # the per-iteration cost decides: SB3 and RLlib at equal settings
+    assert small["rayrl_over_sb3_same_settings"] == 1.5 and small["rayrl_over_rllib_same_settings"] == 2.0
+    assert "rayrl_over_sb3_same_settings" not in tp.goals_for("CartPole-v1", batch=2048)

@@ -23,7 +23,7 @@ LAYERS = {
     "rayrl.storage": 3,
     "rayrl.envs": 3,
     "rayrl.faults.watchdog": 3,
-    "rayrl.sampling": 3,
+    "rayrl.sampling": 4,  # the fast runner's vector envs build on rayrl.envs (Atari ids, preprocessing)
     "rayrl.observe": 4,
     "rayrl.runtime": 4,
     "rayrl.faults.preemption": 4,

@@ -83,6 +83,7 @@ def build_config(spec: Spec) -> AlgorithmConfig:
             lambda_=a.gae_lambda, vf_clip_param=a.vf_clip if a.vf_clip is not None else float("inf")
         )
         config.env_runners(rollout_fragment_length="auto")
+        config.reporting(min_sample_timesteps_per_iteration=a.report_env_steps or None)
     else:
         # IMPALA/APPO need minibatches made of whole rollout fragments.
         config.env_runners(rollout_fragment_length=fragment_length(a.minibatch_size))

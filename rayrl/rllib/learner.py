@@ -53,6 +53,15 @@ else:
     _LearnerBase = object
 
 
+def _fused_ok(opt: torch.optim.Optimizer, precision: str) -> bool:
+    """Torch's fused Adam/AdamW for an optimizer not stepped yet, on CPU or CUDA float parameters
+    (fp16's GradScaler path is left on torch's default implementation)."""
+    if type(opt) not in (torch.optim.Adam, torch.optim.AdamW) or precision == "fp16" or opt.state:
+        return False
+    params = [p for g in opt.param_groups for p in g["params"]]
+    return all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.bfloat16) for p in params)
+
+
 class NonFiniteTrainingError(RuntimeError):
     """Too many consecutive non-finite steps: the trial must fail so Tune restores a checkpoint."""
 
@@ -224,9 +233,12 @@ class RayrlTorchLearnerMixin(_LearnerBase):
     def configure_optimizers_for_module(self, module_id: str, config: Any = None) -> None:
         super().configure_optimizers_for_module(module_id, config)
         for _, opt in self.get_optimizers_for_module(module_id):
+            fused = _fused_ok(opt, self.rayrl.precision)
             for group in opt.param_groups:
                 if "eps" in group:
                     group["eps"] = self.rayrl.adam_eps
+                if fused:  # one kernel per step, not a loop over tensors (docs/benchmarks.md)
+                    group["foreach"], group["fused"] = False, True
 
     def _rayrl_scaler(self, module_id: str) -> torch.amp.GradScaler:
         if module_id not in self._rayrl_scalers:

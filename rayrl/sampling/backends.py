@@ -18,14 +18,10 @@ import gymnasium as gym
 import numpy as np
 
 from rayrl.envs import registry
+from rayrl.spec.preflight import envpool_id
 
 #: env.config keys of an ALE spec -> EnvPool's names for them.
 ALE_TO_ENVPOOL = {"frameskip": "frame_skip", "repeat_action_probability": "repeat_action_probability"}
-
-
-def envpool_id(env_id: str) -> str:
-    """EnvPool's id for a spec's env id: ``ALE/Breakout-v5`` -> ``Breakout-v5``; others unchanged."""
-    return env_id.removeprefix("ALE/") if registry.is_ale(env_id) else env_id
 
 
 def envpool_options(env_id: str, env_config: dict) -> dict:

@@ -49,8 +49,6 @@ def check_backend(env: EnvSpec) -> None:
             f"env.backend: 'envpool' cannot be imported here ({missing}); pip install envpool, or "
             "set env.backend: gymnasium."
         )
-    from rayrl.sampling.backends import envpool_id
-
     if envpool_id(env.id) not in envpool_ids():
         near = difflib.get_close_matches(envpool_id(env.id), envpool_ids(), n=1, cutoff=0.6)
         hint = f"did you mean {near[0]!r}? " if near else ""
@@ -122,6 +120,11 @@ def import_callable(target: str, field_name: str, expected: str) -> Any:
     if not callable(fn):
         raise SpecError(f"{field_name}: {target!r} is not callable; give {expected}.")
     return fn
+
+
+def envpool_id(env_id: str) -> str:
+    """EnvPool's id for a spec's env id: an ALE id ``ALE/Breakout-v5`` is EnvPool's ``Breakout-v5``."""
+    return env_id.removeprefix("ALE/")
 
 
 def envpool_missing() -> str | None:

@@ -50,10 +50,11 @@ class EnvSpec:
     config: dict = doc({}, "keyword arguments for the env (gymnasium.make kwargs, or the factory's env_config)")
     envs_per_runner: int = doc(8, "vectorised envs stepped by each env runner", min=1)
     runner: str = doc(
-        "rllib",
-        "env runner: rllib (RLlib's SingleAgentEnvRunner) or fast (rayrl.sampling's tight "
-        "loop for stateless policies, falling back to RLlib's loop for recurrent ones; opt-in: "
-        "measured on CartPole and Hopper, see docs/sampling.md)",
+        "fast",
+        "env runner: fast (rayrl.sampling's tight loop for stateless policies, the same episodes as "
+        "RLlib's runner; it falls back to RLlib's loop, logged once, for what it does not handle: "
+        "recurrent modules, custom connectors, episode callbacks; docs/sampling.md) or rllib "
+        "(RLlib's SingleAgentEnvRunner)",
         choices=RUNNERS,
     )
     backend: str = doc(
@@ -111,6 +112,13 @@ class AlgoSpec:
     )
     reward_clip: float = doc(10.0, "with normalize_reward: clip the scaled rewards to +-this; 0: no clipping", ge=0.0)
     adam_eps: float = doc(1e-8, "Adam's epsilon (torch's default; CleanRL and SB3's PPO use 1e-5)", gt=0.0)
+    report_env_steps: int = doc(
+        2048,
+        "PPO: one reported iteration (a Tune result: RLlib's metrics reduction and result, rayrl's callback, "
+        "the checkpoint and stop checks) runs updates until it has sampled at least this many env steps, so "
+        "a batch below it shares that work across several updates; 0: one update per report",
+        min=0,
+    )
 
 
 @dataclass(frozen=True)
