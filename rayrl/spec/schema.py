@@ -113,7 +113,7 @@ class AlgoSpec:
     reward_clip: float = doc(10.0, "with normalize_reward: clip the scaled rewards to +-this; 0: no clipping", ge=0.0)
     adam_eps: float = doc(1e-8, "Adam's epsilon (torch's default; CleanRL and SB3's PPO use 1e-5)", gt=0.0)
     report_env_steps: int = doc(
-        2048,
+        0,
         "PPO: one reported iteration (a Tune result: RLlib's metrics reduction and result, rayrl's callback, "
         "the checkpoint and stop checks) runs updates until it has sampled at least this many env steps, so "
         "a batch below it shares that work across several updates; 0: one update per report",
