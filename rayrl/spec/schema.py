@@ -116,7 +116,7 @@ class AlgoSpec:
         0,
         "PPO: one reported iteration (a Tune result: RLlib's metrics reduction and result, rayrl's callback, "
         "the checkpoint and stop checks) runs updates until it has sampled at least this many env steps, so "
-        "a batch below it shares that work across several updates; 0: one update per report",
+        "a batch below it shares that work across several updates; 0 (the default): one update per report",
         min=0,
     )
 
