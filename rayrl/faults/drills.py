@@ -31,6 +31,14 @@ from rayrl.observe import keys
 from rayrl.spec import Spec
 
 
+def env_runner_class_name(spec: Spec) -> str:
+    """The actor class name of the spec's env runners (the fast runner's, or RLlib's own)."""
+    from rayrl.sampling import runner_class
+
+    cls = runner_class(spec.env.runner, spec.env.backend)
+    return cls.__name__ if cls is not None else "SingleAgentEnvRunner"
+
+
 def env_runner_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
     """Kill one EnvRunner actor mid-training; recovered when every runner is healthy again and the
     restart is counted, with the trial itself never failing."""
@@ -41,7 +49,7 @@ def env_runner_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dic
     def inject() -> dict:
         if not wait_for(lambda: ready_to_kill(monitor, False), monitor.deadline):
             return {"problem": "training produced no results to interrupt"}
-        actor = wait_for(lambda: our_actors("SingleAgentEnvRunner"), monitor.deadline)
+        actor = wait_for(lambda: our_actors(env_runner_class_name(dspec)), monitor.deadline)
         if not actor:
             return {"problem": "no EnvRunner actor found to kill"}
         before = monitor.results()[-1][1]
@@ -162,7 +170,7 @@ def node_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
     def inject() -> dict:
         if not wait_for(lambda: ready_to_kill(monitor, True), monitor.deadline):
             return {"problem": "training produced no checkpoint before the node kill"}
-        actors = our_actors("SingleAgentEnvRunner") + our_actors(cls)
+        actors = our_actors(env_runner_class_name(dspec)) + our_actors(cls)
         hosts: dict[str, list[str]] = {}
         for a in actors:
             hosts.setdefault(a["Address"]["NodeID"], []).append(a["ActorClassName"])
