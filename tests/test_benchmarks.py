@@ -235,7 +235,14 @@ MIN_FAST_OVER_RLLIB, MIN_FAST_OVER_LIMIT, MIN_E2E_OVER_RLLIB = 1.5, 0.5, 1.15
 @pytest.mark.slow
 def test_throughput_quick_fast_path_beats_rllib_at_equal_settings(tmp_path):
     report, printed = run_quick(
-        "throughput", tmp_path / "t.json", "--skip", "rllib_tuned_example", "sb3_zoo", "sb3_same_settings"
+        "throughput",
+        tmp_path / "t.json",
+        "--set",
+        "env.runner=fast",  # rayrl with the fast runner vs rayrl_rllib_runner and stock RLlib
+        "--skip",
+        "rllib_tuned_example",
+        "sb3_zoo",
+        "sb3_same_settings",
     )
     positive(
         report["limit_sps"],

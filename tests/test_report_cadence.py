@@ -51,14 +51,19 @@ def _counts(monkeypatch, overrides, reports=3):
 
 @pytest.mark.slow
 def test_small_batches_share_one_report_across_updates(ray_local, monkeypatch):
-    small = ["algo.train_batch_per_learner=256", "algo.minibatch_size=128", "algo.epochs=1"]
+    small = [
+        "algo.train_batch_per_learner=256",
+        "algo.minibatch_size=128",
+        "algo.epochs=1",
+        "algo.report_env_steps=2048",
+    ]
     steps, compiles, callbacks, per_report = _counts(monkeypatch, small)
     assert compiles == callbacks == 3
     assert steps >= 3 * 8  # 2048 / 256 updates per report
     assert all(2048 <= s < 2048 + 300 for s in per_report), per_report
     # The default batch (2048) is one update per report, as before.
-    steps, compiles, callbacks, _ = _counts(monkeypatch, ["algo.epochs=1"], reports=2)
+    steps, compiles, callbacks, _ = _counts(monkeypatch, ["algo.epochs=1", "algo.report_env_steps=2048"], reports=2)
     assert steps == compiles == callbacks == 2
-    # report_env_steps 0 is one report per update, whatever the batch.
-    steps, compiles, callbacks, _ = _counts(monkeypatch, [*small, "algo.report_env_steps=0"], reports=2)
+    # report_env_steps 0 (the default) is one report per update, whatever the batch.
+    steps, compiles, callbacks, _ = _counts(monkeypatch, small[:3], reports=2)
     assert steps == compiles == callbacks == 2

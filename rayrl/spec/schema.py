@@ -50,11 +50,10 @@ class EnvSpec:
     config: dict = doc({}, "keyword arguments for the env (gymnasium.make kwargs, or the factory's env_config)")
     envs_per_runner: int = doc(8, "vectorised envs stepped by each env runner", min=1)
     runner: str = doc(
-        "fast",
-        "env runner: fast (rayrl.sampling's tight loop for stateless policies, the same episodes as "
-        "RLlib's runner; it falls back to RLlib's loop, logged once, for what it does not handle: "
-        "recurrent modules, custom connectors, episode callbacks; docs/sampling.md) or rllib "
-        "(RLlib's SingleAgentEnvRunner)",
+        "rllib",
+        "env runner: rllib (RLlib's SingleAgentEnvRunner) or fast (rayrl.sampling's tight loop for "
+        "stateless policies, the same episodes as RLlib's runner; it falls back to RLlib's loop, logged "
+        "once, for recurrent modules, custom connectors, episode callbacks; docs/sampling.md)",
         choices=RUNNERS,
     )
     backend: str = doc(
