@@ -105,7 +105,7 @@ def run_rayrl(contender: str, env_steps: int, seed: int, progress: Callable[[dic
     return out
 
 
-def sb3_model(seed: int, env_steps: int) -> Any:
+def sb3_model(seed: int) -> Any:
     """SB3 PPO at Zoo's Atari settings, Monitor above the AtariWrapper (per-life clipped returns)."""
     try:
         import ale_py
@@ -148,7 +148,7 @@ def run_sb3(env_steps: int, seed: int, progress: Callable[[dict], None]) -> dict
     from benchmarks import contenders as K
 
     t0 = time.perf_counter()
-    model = sb3_model(seed, env_steps)
+    model = sb3_model(seed)
     build_s = time.perf_counter() - t0
     out = K.sb3_learn(model, env_steps, window=WINDOW, horizon=env_steps, progress=progress)
     return {**out, "build_s": build_s}

@@ -138,6 +138,12 @@ def same_settings_gaps(spec: Any) -> list[str]:
             gaps.append(f"algo.{name} {getattr(a, name)} (SB3's linear schedules end at 0)")
     if spec.resources.env_runners > 1:
         gaps.append(f"resources.env_runners {spec.resources.env_runners} (SB3 samples its envs in one process)")
+    n_envs = spec.env.envs_per_runner * max(1, spec.resources.env_runners)
+    if a.train_batch_per_learner % n_envs:
+        rollout = a.train_batch_per_learner // n_envs * n_envs
+        gaps.append(
+            f"algo.train_batch_per_learner {a.train_batch_per_learner} (SB3 rolls out {rollout}: {n_envs} envs)"
+        )
     return gaps
 
 
@@ -152,6 +158,9 @@ def sb3_same_settings(spec: Any, seed: int | None = None) -> Any:
         raise SystemExit(f"sb3_same_settings needs stable-baselines3 ({exc}): pip install -e '.[bench]'") from None
 
     a, m = spec.algo, spec.model
+    activations = {"tanh": nn.Tanh, "relu": nn.ReLU, "silu": nn.SiLU, "elu": nn.ELU}
+    if m.activation not in activations:
+        raise ValueError(f"sb3_same_settings: model.activation {m.activation!r} has no SB3 equivalent here")
     seed = spec.seed if seed is None else seed
     n_envs = spec.env.envs_per_runner * max(1, spec.resources.env_runners)
     env = make_vec_env(spec.env.id, n_envs=n_envs, seed=seed, env_kwargs=dict(spec.env.config))
@@ -163,7 +172,7 @@ def sb3_same_settings(spec: Any, seed: int | None = None) -> Any:
 
     net = list(m.hidden)
     policy_kwargs: dict[str, Any] = {
-        "activation_fn": {"tanh": nn.Tanh, "relu": nn.ReLU}.get(m.activation, nn.Tanh),
+        "activation_fn": activations[m.activation],
         "net_arch": net if m.vf_share_layers else {"pi": net, "vf": net},
         "ortho_init": m.init == "orthogonal",
         "optimizer_kwargs": {"eps": a.adam_eps},

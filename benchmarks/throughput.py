@@ -19,7 +19,7 @@ picks the peers, as in time_to_reward.py.
   no tuned example for other envs; left out elsewhere, ``left_out`` says why, its figure is null),
   ``sb3_zoo`` (RL Zoo's tuned settings for the env: CartPole-v1, Hopper-v4/v5), ``sb3_same_settings``
   (SB3 at the spec's settings: ``same_settings_gaps`` lists what SB3 cannot take), ``rayrl_rllib_runner``
-  (``env.runner: rllib``) and ``rayrl`` (the spec as it is; ``env.runner: fast`` by default). RLlib's
+  (``env.runner: rllib``) and ``rayrl`` (``env.runner: fast``, whatever the spec says). RLlib's
   tuned example and ``sb3_zoo`` use their own settings: their ratios to rayrl compare settings, not
   platforms; ``rllib_same_settings`` and ``sb3_same_settings`` are the platform comparisons. A spec's
   evaluation section (Hopper's) runs as configured, in rayrl's and rllib_same_settings' iterations alike.
@@ -255,7 +255,7 @@ def end_to_end(name: str, spec: Any, args: argparse.Namespace) -> tuple[list[flo
         "rllib_same_settings": lambda: K.rllib_same_settings(spec),
         "rllib_tuned_example": lambda: K.rllib_tuned_example(seed=spec.seed),
         "rayrl_rllib_runner": lambda: K.rayrl(spec, "rllib"),
-        "rayrl": lambda: K.rayrl(spec, spec.env.runner),
+        "rayrl": lambda: K.rayrl(spec, "fast"),
     }[name]()
     timed = C.run_iterations(config, warmup=args.warmup, iters=args.iters)
     check_sampled(name, timed.sps)
@@ -520,7 +520,7 @@ def print_report(report: dict) -> None:
         "sb3_zoo": "SB3 + RL Zoo (its settings)",
         "sb3_same_settings": "SB3, rayrl's settings",
         "rayrl_rllib_runner": "rayrl, env.runner rllib",
-        "rayrl": "rayrl (env.runner as the spec says)",
+        "rayrl": "rayrl, env.runner fast",
     }
     for name in (*SAMPLING, *END_TO_END):
         if f"{name}_sps" in report:

@@ -49,5 +49,5 @@ def test_rayrl_and_sb3_train_the_same_nature_cnn_at_zoos_settings():
         module = cfg.get_rl_module_spec(env=env, spaces={"default_policy": (env.observation_space, env.action_space)})
         built = module.build()
         counts[contender] = sum(p.numel() for p in built.parameters())
-    sb3 = A.sb3_model(1, 50_000)
+    sb3 = A.sb3_model(1)
     assert counts["rayrl_envpool"] == counts["rayrl_rllib_runner"] == sum(p.numel() for p in sb3.policy.parameters())

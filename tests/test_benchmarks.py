@@ -237,8 +237,6 @@ def test_throughput_quick_fast_path_beats_rllib_at_equal_settings(tmp_path):
     report, printed = run_quick(
         "throughput",
         tmp_path / "t.json",
-        "--set",
-        "env.runner=fast",  # rayrl with the fast runner vs rayrl_rllib_runner and stock RLlib
         "--skip",
         "rllib_tuned_example",
         "sb3_zoo",

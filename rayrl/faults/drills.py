@@ -46,10 +46,12 @@ def env_runner_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dic
     dspec = drill_spec(spec, "env_runner", env_runners=runners)
     monitor = Monitor(timeout_s)
 
+    runner_cls = env_runner_class_name(dspec)
+
     def inject() -> dict:
         if not wait_for(lambda: ready_to_kill(monitor, False), monitor.deadline):
             return {"problem": "training produced no results to interrupt"}
-        actor = wait_for(lambda: our_actors(env_runner_class_name(dspec)), monitor.deadline)
+        actor = wait_for(lambda: our_actors(runner_cls), monitor.deadline)
         if not actor:
             return {"problem": "no EnvRunner actor found to kill"}
         before = monitor.results()[-1][1]
@@ -165,12 +167,13 @@ def node_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
     dspec = drill_spec(spec, "node", env_runners=runners)
     monitor = Monitor(timeout_s)
     cls = algorithm_class(dspec.algo.name).__name__
+    runner_cls = env_runner_class_name(dspec)
     driver_node = ray.get_runtime_context().get_node_id()
 
     def inject() -> dict:
         if not wait_for(lambda: ready_to_kill(monitor, True), monitor.deadline):
             return {"problem": "training produced no checkpoint before the node kill"}
-        actors = our_actors(env_runner_class_name(dspec)) + our_actors(cls)
+        actors = our_actors(runner_cls) + our_actors(cls)
         hosts: dict[str, list[str]] = {}
         for a in actors:
             hosts.setdefault(a["Address"]["NodeID"], []).append(a["ActorClassName"])

@@ -237,7 +237,7 @@ class RayrlTorchLearnerMixin(_LearnerBase):
             for group in opt.param_groups:
                 if "eps" in group:
                     group["eps"] = self.rayrl.adam_eps
-                if fused:  # one kernel per step, not a loop over tensors (docs/benchmarks.md)
+                if fused:  # one kernel per step, not a loop over tensors (docs/learner.md)
                     group["foreach"], group["fused"] = False, True
 
     def _rayrl_scaler(self, module_id: str) -> torch.amp.GradScaler:

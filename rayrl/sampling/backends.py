@@ -20,8 +20,8 @@ import numpy as np
 from rayrl.envs import registry
 from rayrl.spec.preflight import envpool_id
 
-#: env.config keys of an ALE spec -> EnvPool's names for them.
-ALE_TO_ENVPOOL = {"frameskip": "frame_skip", "repeat_action_probability": "repeat_action_probability"}
+#: env.config keys of an ALE spec that EnvPool names otherwise (the rest pass as they are).
+ALE_TO_ENVPOOL = {"frameskip": "frame_skip"}
 
 
 def envpool_options(env_id: str, env_config: dict) -> dict:
@@ -83,7 +83,10 @@ class EnvPoolVectorEnv(gym.vector.VectorEnv):
     def _obs(self, obs: np.ndarray) -> np.ndarray:
         if not self._image:
             return obs
-        return np.transpose(obs, (0, 2, 3, 1)).astype(np.float32) / 128.0 - 1.0
+        out = np.transpose(obs, (0, 2, 3, 1)).astype(np.float32)  # the one copy a step
+        out *= 1.0 / 128.0
+        out -= 1.0
+        return out
 
     def close(self, **kwargs: Any) -> None:
         self._pool.close() if hasattr(self._pool, "close") else None

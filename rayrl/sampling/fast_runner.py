@@ -91,8 +91,8 @@ class FastEnvRunner(SingleAgentEnvRunner):
 
     def _backend_env(self) -> Any:
         env_id, cfg, n = self.config.env, dict(self.config.env_config), self.config.num_envs_per_env_runner
-        if self.backend == "envpool" and isinstance(env_id, str) and registry.ale_id_of(env_id):
-            env_id = registry.ale_id_of(env_id)  # EnvPool does the Atari preprocessing itself
+        if self.backend == "envpool" and isinstance(env_id, str) and (ale := registry.ale_id_of(env_id)):
+            env_id = ale  # EnvPool does the Atari preprocessing itself
         if not isinstance(env_id, str) or _global_registry.contains(ENV_CREATOR, env_id):
             if self.backend == "envpool":
                 raise ValueError(f"env.backend envpool needs an EnvPool id, not a factory ({env_id!r})")
