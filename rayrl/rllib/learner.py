@@ -33,6 +33,7 @@ from ray.rllib.algorithms.impala.torch.impala_torch_learner import IMPALATorchLe
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 
 from rayrl.errors import SpecError
+from rayrl.rllib.lean_update import LeanUpdateMixin
 from rayrl.spec import PRECISIONS, Spec, import_callable, schedule
 
 # Per-module learner metrics; rayrl.rllib.callback.RayrlCallback copies them into result["rayrl"].
@@ -80,6 +81,7 @@ class LearnerSettings:
     adam_eps: float = 1e-8
     clip_schedule: Any = None  #: PPO: [[0, clip], [horizon, clip_final]] (rayrl.spec.schedule); None: constant
     reward_norm: dict | None = None  #: PPO: {"gamma": ..., "clip": ...} for NormalizeRewards; None: off
+    lean_update: bool = True  #: PPO: rayrl.rllib.lean_update's minibatch loop; False: RLlib's
 
     @classmethod
     def from_config(cls, data: Mapping[str, Any] | None) -> LearnerSettings:
@@ -192,6 +194,9 @@ def check_precision(mode: str, device: torch.device | str) -> torch.dtype | None
 class RayrlTorchLearnerMixin(_LearnerBase):
     """Put in front of an RLlib Torch learner; replaces its per-minibatch update (see module doc)."""
 
+    #: set by rayrl.rllib.lean_update for a minibatch whose metrics nobody keeps
+    _rayrl_quiet = False
+
     # ---- set-up ---------------------------------------------------------------------------------
 
     def build(self) -> None:
@@ -204,6 +209,9 @@ class RayrlTorchLearnerMixin(_LearnerBase):
         self._rayrl_loss_bad: dict[str, torch.Tensor] = {}
         self._rayrl_streak: dict[str, int] = defaultdict(int)
         self._rayrl_error: NonFiniteTrainingError | None = None
+        # Step outcomes and last figures, logged once per update (_rayrl_flush), not per step.
+        self._rayrl_tally: dict[tuple[str, str], int] = defaultdict(int)
+        self._rayrl_last: dict[tuple[str, str], float] = {}
         super().build()
         self._rayrl_dtype = check_precision(self.rayrl.precision, self._device)
         if self.rayrl.precision == "fp16" and self._device.type == "cpu":
@@ -254,7 +262,8 @@ class RayrlTorchLearnerMixin(_LearnerBase):
     def _uncompiled_update(self, batch: dict, **kwargs: Any) -> tuple[Any, Any, Any]:
         """Forward + loss under autocast, backward of loss / K; every K-th minibatch one step."""
         s = self.rayrl
-        self._compute_off_policyness(batch)
+        if not self._rayrl_quiet:
+            self._compute_off_policyness(batch)
         with contextlib.ExitStack() as stack:
             if self._rayrl_ddp:
                 # Gradients are averaged once per optimizer step in _rayrl_step, not per backward.
@@ -303,7 +312,17 @@ class RayrlTorchLearnerMixin(_LearnerBase):
         # update), so no gradient from old weights leaks into the next batch.
         if self._rayrl_pending:
             self._rayrl_step()
+        self._rayrl_flush()
         super().after_gradient_based_update(timesteps=timesteps)
+
+    def _rayrl_flush(self) -> None:
+        """Log this update's step outcomes (sums) and last norm/scale once."""
+        for key, value in self._rayrl_tally.items():
+            self.metrics.log_value(key, value, reduce="sum" if key[1] == OPTIMIZER_STEPS else "lifetime_sum")
+        for key, last in self._rayrl_last.items():
+            self.metrics.log_value(key, last, window=1)
+        self._rayrl_tally.clear()
+        self._rayrl_last.clear()
 
     # ---- one optimizer step ---------------------------------------------------------------------
 
@@ -372,7 +391,7 @@ class RayrlTorchLearnerMixin(_LearnerBase):
             if scaler is not None:
                 for optim in optims:
                     scaler.unscale_(optim)
-            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach()) for g in grads]))
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm([g.detach() for g in grads])))
             bad_value, norm_value = torch.stack([loss_bad[mid].float(), norm.float()]).tolist()  # one sync
             loss_ok = bad_value == 0.0
             outcome = OPTIMIZER_STEPS
@@ -384,7 +403,7 @@ class RayrlTorchLearnerMixin(_LearnerBase):
                 if scaler is not None:
                     scaler.update()
                 self._rayrl_streak[mid] = 0
-                self.metrics.log_value((mid, GRAD_NORM), norm_value, window=1)
+                self._rayrl_last[(mid, GRAD_NORM)] = norm_value
             elif scaler is not None and loss_ok and scaler.get_scale() > 1.0:
                 # Overflow of the scaled gradients: the scaler's business (skip + back off).
                 scaler.update()
@@ -396,7 +415,7 @@ class RayrlTorchLearnerMixin(_LearnerBase):
                 outcome = NONFINITE_STEPS
             self._rayrl_count(mid, outcome)
             if scaler is not None:
-                self.metrics.log_value((mid, LOSS_SCALE), scaler.get_scale(), window=1)
+                self._rayrl_last[(mid, LOSS_SCALE)] = scaler.get_scale()
             if self._rayrl_streak[mid] >= s.max_nonfinite_steps:
                 self._rayrl_fail(self._rayrl_message(mid, loss_ok, norm_value))
         self._rayrl_zero_grad()
@@ -406,12 +425,8 @@ class RayrlTorchLearnerMixin(_LearnerBase):
         # Every rank takes the same decision; only rank 0 counts, so the sum over learners is right.
         if self._rayrl_rank != 0:
             return
-        for key, reduce in (
-            (OPTIMIZER_STEPS, "sum"),
-            (OVERFLOW_STEPS, "lifetime_sum"),
-            (NONFINITE_STEPS, "lifetime_sum"),
-        ):
-            self.metrics.log_value((module_id, key), int(key == outcome), reduce=reduce)
+        for key in (OPTIMIZER_STEPS, OVERFLOW_STEPS, NONFINITE_STEPS):
+            self._rayrl_tally[(module_id, key)] += int(key == outcome)
 
     def _rayrl_message(self, module_id: str, loss_ok: bool, norm: float) -> str:
         s = self.rayrl
@@ -481,7 +496,7 @@ class _AsyncGuardMixin(_LearnerBase):
         return result
 
 
-class RayrlPPOLearner(RayrlTorchLearnerMixin, PPOTorchLearner):
+class RayrlPPOLearner(LeanUpdateMixin, RayrlTorchLearnerMixin, PPOTorchLearner):
     """PPO with rayrl's precision, accumulation, clipping, non-finite guard and clip anneal."""
 
     def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
