@@ -24,7 +24,7 @@ def fail(message: str, prog: str = "rayrl") -> None:
 
 
 def add_run_args(p: argparse.ArgumentParser, default_config: str | None = None) -> None:
-    """The flags `rayrl train` and `experiments/sweep.py` share."""
+    """The flags `rayrl train` and `experiments/sweep.py` share (rayrl.observe.progress: --quiet...)."""
     p.add_argument(
         "--config",
         default=default_config,
@@ -56,4 +56,27 @@ def add_run_args(p: argparse.ArgumentParser, default_config: str | None = None) 
         default=[],
         metavar="KEY=VALUE",
         help="override a spec field by dotted path, value parsed as YAML, e.g. --set algo.lr=1e-4 (repeatable)",
+    )
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--quiet",
+        dest="output",
+        action="store_const",
+        const="quiet",
+        default="normal",
+        help="print only errors and the closing summary",
+    )
+    shown.add_argument(
+        "--verbose",
+        dest="output",
+        action="store_const",
+        const="verbose",
+        help="also print one line per training iteration of every trial",
+    )
+    p.add_argument(
+        "--progress-every",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds between progress lines (trials, env steps, steps/s, best return) (default: 30)",
     )

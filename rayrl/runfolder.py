@@ -190,6 +190,25 @@ def read_doubling(path: Path) -> list[LadderRow]:
         ]
 
 
+def read_trials(path: Path) -> list[dict]:
+    """trials.csv's rows with numbers parsed (empty cells: None), as rank_trials takes them."""
+
+    def num(v: str | None) -> float | None:
+        return float(v) if v not in ("", None) else None
+
+    with path.open() as f:
+        return [
+            {
+                **r,
+                "batch_size": int(r["batch_size"]),
+                "lr": float(r["lr"]),
+                "env_steps": num(r["env_steps"]),
+                "episode_return_mean": num(r["episode_return_mean"]),
+            }
+            for r in csv.DictReader(f)
+        ]
+
+
 def read_confirm(path: Path) -> list[dict]:
     """confirm.csv's rows with numbers and booleans parsed (``stopped`` empty in files that predate it)."""
 

@@ -237,6 +237,14 @@ def test_smoke_sweep_writes_the_contract_and_resumes(tmp_path):
     first = run_sweep(tmp_path, "smoke")
     assert "[sweep] done" in first.stdout and "[ladder" in first.stdout
     run = tmp_path / "smoke"
+    # What a log of the sweep holds (stdout is a pipe here, as under `ray job submit` or CI): trial
+    # events and progress lines, not one line per iteration; nothing points into Ray's session folder.
+    lines = first.stdout.splitlines()
+    assert len(lines) <= 120, f"{len(lines)} lines:\n" + "\n".join(lines[:40])
+    assert not [line for line in lines if "/ray/session_" in line or "invalid value" in line]
+    assert "invalid value" not in first.stderr and "on the new API stack" not in first.stdout + first.stderr
+    assert f"train it: rayrl train --config {run / 'best_config.yaml'}" in first.stdout
+    assert "finished: " in first.stdout and "ladder (env steps/s per batch size" in first.stdout
     summary = check_run_folder(run)
     trials_before = (run / "trials.csv").read_text()
     confirm_before = (run / "confirm.csv").read_text()
@@ -251,6 +259,36 @@ def test_smoke_sweep_writes_the_contract_and_resumes(tmp_path):
     assert json.loads((run / "summary.json").read_text())["best"] == summary["best"]
     assert (run / "doubling.csv").read_text() == doubling_before
     assert sorted((run / "trials.csv").read_text().splitlines()) == sorted(trials_before.splitlines())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_smoke_sweep_on_a_terminal_shows_the_live_view(tmp_path):
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    cmd = [*readme_sweep(), "--smoke", "--storage", str(tmp_path), "--name", "tty", "--num-cpus", "2"]
+    env = {**subprocess_env(), "COLUMNS": "120", "TERM": "xterm"}
+    proc = subprocess.Popen(cmd, env=env, stdin=follower, stdout=follower, stderr=follower, cwd=ROOT)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the sweep exited
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0
+    screen = b"".join(chunks).decode(errors="replace")
+    assert screen.count("ETA") >= 3 and "\u2501" in screen  # redrawn frames with rich's progress bar
+    assert "\x1b[" in screen  # drawn in place (cursor movement), not appended as lines
+    for phase in ("ladder", "search", "confirm"):
+        assert phase in screen
+    assert "train it: rayrl train --config" in screen  # the closing summary after the last frame
 
 
 @pytest.mark.slow

@@ -23,10 +23,11 @@ def test_aggregate_uses_the_learners_gpus_and_keeps_every_reading():
     assert section["gpu_util"] == pytest.approx(0.8) and section["gpu_mem_util"] == 0.8  # mean, peak
     assert section["learner_cpu_util"] == pytest.approx(0.2)  # NaN skipped
     assert section["env_runner_cpu_util"] == 0.6 and math.isnan(section["env_runner_gpu_util"])
-    assert [r["pid"] for r in section[wh.LEARNERS_KEY]] == [11, 12]
+    assert [r["pid"] for r in section[wh.LEARNERS_KEY].values()] == [11, 12]
+    assert list(section[wh.LEARNERS_KEY]) == ["0", "1"]  # a dict, which loggers flatten (not a list)
     # No remote learners: the trial's own reading stands.
     own = wh.aggregate({"gpu_util": 0.95, "gpu_mem_util": 0.4}, [], runners)
-    assert own["gpu_util"] == 0.95 and own[wh.LEARNERS_KEY] == []
+    assert own["gpu_util"] == 0.95 and own[wh.LEARNERS_KEY] == {}
 
 
 def test_sample_here_keeps_one_sampler_per_worker():
@@ -66,7 +67,7 @@ def test_remote_cpu_learners_report_from_their_own_processes():
         if algo is not None:
             algo.stop()
         ray.shutdown()
-    learners, runners = section[wh.LEARNERS_KEY], section[wh.RUNNERS_KEY]
+    learners, runners = list(section[wh.LEARNERS_KEY].values()), list(section[wh.RUNNERS_KEY].values())
     assert section["backend"] == "gloo" and len(learners) == 2 and len(runners) == 1
     pids = {r["pid"] for r in learners}
     assert len(pids) == 2 and os.getpid() not in pids  # two learner processes, not the trial's

@@ -197,8 +197,9 @@ def collect(algorithm: Any) -> tuple[list[dict], list[dict]]:
 
 def aggregate(section: dict, learners: Sequence[dict], runners: Sequence[dict]) -> dict:
     """Add the readings to a result's rayrl section; the learners' GPU figures replace the trial's."""
-    section[LEARNERS_KEY] = list(learners)
-    section[RUNNERS_KEY] = list(runners)
+    # Keyed by actor index, not a list: loggers flatten dicts (TensorBoard cannot take a list).
+    section[LEARNERS_KEY] = {str(i): dict(r) for i, r in enumerate(learners)}
+    section[RUNNERS_KEY] = {str(i): dict(r) for i, r in enumerate(runners)}
     for prefix, rows in (("learner", learners), ("env_runner", runners)):
         section[f"{prefix}_gpu_util"] = _mean(r.get("gpu_util") for r in rows)
         section[f"{prefix}_gpu_mem_util"] = _max(r.get("gpu_mem_util") for r in rows)

@@ -1,4 +1,4 @@
-"""Tune callbacks in the driver: a live progress line per result, and the run folder's history.csv."""
+"""Tune callbacks in the driver: what a person watching sees (trial events, progress), and history.csv."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ray.tune import Callback
 
 from rayrl import runfolder
 from rayrl.observe import keys
+from rayrl.observe.output import OUTPUT, output_mode
 from rayrl.storage import files
 from rayrl.storage.files import StorageError
 
@@ -116,21 +117,74 @@ def _csv_line(values: Any) -> str:
     return buf.getvalue()
 
 
-class ProgressPrinter(Callback):
-    """One line per result: iteration, env steps, env steps/s, return (and batch, lr when sweeping)."""
+#: Tune stop keys -> how a finished trial's line names the one that applied
+_STOP_WORDS = {
+    keys.ENV_STEPS: "used its {v:,.0f} env-step budget",
+    keys.TRAIN_RETURN: "reached the target return {v:g}",
+    keys.EVAL_RETURN: "reached the target evaluation return {v:g}",
+    keys.TIME_TOTAL: "hit the {v:,.0f} s wall-time limit",
+    keys.ITERATION: "ran its {v:.0f} iterations",
+}
 
-    def __init__(self, label: str = "", show_config: bool = False, stream: TextIO | None = None) -> None:
+
+def stop_reason(result: dict, stop: Any) -> str:
+    """The stop criterion a finished trial's last result met, else what is left: an early stop.
+
+    ``stop`` is Tune's stop dict, or a Stopper with ``criteria()`` (and ``early_stop_reason``).
+    """
+    early = getattr(stop, "early_stop_reason", None) or (
+        "ended before any stop criterion (stopped early by the scheduler or a stopper)"
+    )
+    if not isinstance(stop, dict) and hasattr(stop, "criteria"):
+        stop = stop.criteria()
+    if not isinstance(stop, dict):
+        return "stopped"
+    for key, limit in stop.items():
+        value = _num(keys.lookup(result, key))
+        if math.isfinite(value) and value >= float(limit):
+            return _STOP_WORDS.get(key, f"reached {key} >= {{v:g}}").format(v=float(limit))
+    return early
+
+
+class ProgressPrinter(Callback):
+    """What a person watching the driver sees: trial events and a progress line (see OUTPUT_MODES).
+
+    A log (``ray job submit``, CI, a file) must fit on a few screens, so "normal" prints a trial's
+    first result (where it starts, or resumes), its end with the reason, and one summary line every
+    ``every_s`` seconds; "verbose" adds today's line per result.
+    """
+
+    def __init__(
+        self,
+        label: str = "",
+        show_config: bool = False,
+        stream: TextIO | None = None,
+        stop: Any = None,
+        env_budget: float | None = None,
+    ) -> None:
         self.label = label
         self.show_config = show_config
         self.stream = stream
+        self.stop = stop
         self._start = time.monotonic()
+        self._last_line = self._start
+        self._last: dict[str, dict] = {}  # trial id -> its latest result
+        self._done: set[str] = set()
+        self._total: int | None = None
 
-    def setup(self, **info: Any) -> None:
-        self._start = time.monotonic()  # also after a resume: time since this process began
+    def setup(self, total_num_samples: int | None = None, **info: Any) -> None:
+        self._start = self._last_line = time.monotonic()  # also after a resume: time since this process began
+        self._total = total_num_samples
 
-    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+    def _print(self, text: str, err: bool = False) -> None:
+        print(text, file=self.stream or (sys.stderr if err else sys.stdout), flush=True)
+
+    def _prefix(self) -> str:
+        return f"[{self.label}{' ' if self.label else ''}{time.monotonic() - self._start:6.0f}s]"
+
+    def _result_line(self, trial: Any, result: dict) -> str:
         get = lambda key: _num(keys.lookup(result, key))  # noqa: E731
-        parts = [f"[{self.label}{' ' if self.label else ''}{time.monotonic() - self._start:6.0f}s]"]
+        parts = [self._prefix()]
         if self.show_config:
             batch, lr = trial_batch_lr(trial)
             parts.append(f"{trial.trial_id} batch {batch} lr {_num(lr):.2e}")
@@ -140,12 +194,55 @@ class ProgressPrinter(Callback):
         parts.append(f"return {get(keys.TRAIN_RETURN):.1f}")  # nan: no episode finished yet
         if math.isfinite(get(keys.EVAL_RETURN)):
             parts.append(f"eval return {get(keys.EVAL_RETURN):.1f}")
-        print(" | ".join(parts), file=self.stream or sys.stdout, flush=True)
+        return " | ".join(parts)
+
+    def progress_line(self) -> str:
+        """One line for the whole phase: trials, env steps, throughput, the best return so far."""
+        results = list(self._last.values())
+        steps = sum(_num(keys.lookup(r, keys.ENV_STEPS)) for r in results)
+        running = [tid for tid in self._last if tid not in self._done]
+        sps = sum(_num(keys.lookup(self._last[t], keys.ENV_STEPS_PER_S)) for t in running)
+        returns = [(_num(keys.lookup(r, keys.TRAIN_RETURN)), tid) for tid, r in self._last.items()]
+        returns = [(v, tid) for v, tid in returns if math.isfinite(v)]
+        of = f" of {self._total}" if self._total and self._total < 10**6 else ""
+        parts = [
+            self._prefix(),
+            f"trials: {len(running)} running, {len(self._done)} finished{of}",
+            f"env steps {steps:,.0f}",
+            f"{sps:,.0f} steps/s",
+        ]
+        if returns:
+            best, tid = max(returns)
+            parts.append(f"best return {best:.1f}" + (f" ({tid})" if self.show_config else ""))
+        return " | ".join(parts)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        first = trial.trial_id not in self._last
+        self._last[trial.trial_id] = result
+        mode = output_mode()
+        if mode == "verbose" or (mode == "normal" and first):
+            self._print(self._result_line(trial, result))
+        now = time.monotonic()
+        if mode == "normal" and not first and now - self._last_line >= OUTPUT.every_s:
+            self._print(self.progress_line())
+            self._last_line = now
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._done.add(trial.trial_id)
+        if output_mode() == "quiet":
+            return
+        result = self._last.get(trial.trial_id) or getattr(trial, "last_result", None) or {}
+        get = lambda key: _num(keys.lookup(result, key))  # noqa: E731
+        who = f"trial {trial.trial_id}" if self.show_config else "run"
+        self._print(
+            f"{self._prefix()} {who} finished: {stop_reason(result, self.stop)} | iter "
+            f"{int(get(keys.ITERATION)) if math.isfinite(get(keys.ITERATION)) else 0} | env steps "
+            f"{get(keys.ENV_STEPS):,.0f} | return {get(keys.TRAIN_RETURN):.1f}"
+        )
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        print(
+        self._print(
             f"[{self.label}] trial {trial.trial_id} failed; Tune retries it from its latest checkpoint "
             f"if retries remain (error file: {getattr(trial, 'error_file', None)})",
-            file=self.stream or sys.stderr,
-            flush=True,
+            err=True,
         )

@@ -20,9 +20,22 @@ def env_name(spec: Spec) -> str:
     return registry.env_name(spec.env.id)
 
 
+def quiet_notices(algo_name: str) -> None:
+    """Spend RLlib's once-per-process "you are running X on the new API stack" notice.
+
+    rayrl always runs the new API stack, so the notice only adds lines to every trial's log; it is
+    guarded by RLlib's own ``log_once`` key, which this takes first (nothing else is silenced).
+    """
+    from ray.util import log_once
+
+    log_once(f"{algo_name}_on_new_api_stack")
+
+
 def build_config(spec: Spec) -> AlgorithmConfig:
     """Spec -> AlgorithmConfig for PPO, APPO or IMPALA; nothing is started here."""
     from rayrl.rllib.learner import learner_class, learner_settings
+
+    quiet_notices(spec.algo.name)
 
     a, r = spec.algo, spec.resources
     config = _config_class(a.name)()

@@ -7,6 +7,7 @@ import sys
 from rayrl import runfolder, runtime
 from rayrl.args import Parser, add_run_args, fail
 from rayrl.errors import EXIT_USAGE, UserError
+from rayrl.observe.output import apply_output
 from rayrl.storage.files import explain
 from rayrl.sweep.config import SweepError, load_spec
 
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     """Exit status: 0 done, 1 the sweep could not finish (the message says why), 2 bad input, 130 interrupted."""
     args = parser().parse_args(argv)
     try:
+        apply_output(args)
         spec = load_spec(args.config, args.overrides, tiny=args.smoke)
         paths = runtime.resolve(args.storage, args.name or spec.name, args.allow_shared_run_dir)
     except UserError as exc:
@@ -86,11 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return 1
-    print(
-        f"[sweep] done in {summary['wall_s']:.0f}s: knee {summary['knee_batch_size']}, best batch "
-        f"{best['batch_size']} lr {best['lr']:.2e} return {best['episode_return_mean']:.1f}; "
-        f"{summary['env_steps_total']:,} env steps; run folder {paths.run_dir}",
-        flush=True,
-    )
-    print(f"[sweep] train the best config: rayrl train --config {paths.run_dir / runfolder.BEST_CONFIG}")
+    from rayrl.sweep.closing import closing_summary
+
+    trials_csv, doubling_csv = paths.run_dir / runfolder.TRIALS, paths.run_dir / runfolder.DOUBLING
+    trials = runfolder.read_trials(trials_csv) if trials_csv.is_file() else []
+    ladder = runfolder.read_doubling(doubling_csv) if doubling_csv.is_file() else []
+    print(closing_summary(summary, ladder, trials, paths.run_dir), flush=True)
     return 0

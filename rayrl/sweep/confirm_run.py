@@ -184,6 +184,16 @@ class ConfirmStopper(Stopper):
         self.objective, self.return_key, self.target, self.budget = objective, return_key, target, float(budget)
         self.held, self.prices = held, prices
 
+    #: what a finished run's line says when neither its target nor its budget ended it
+    early_stop_reason = "stopped by the confirmation race (its line above says why)"
+
+    def criteria(self) -> dict[str, float]:
+        """The plain stop criteria, as Tune's stop dict would hold them (for the driver's lines)."""
+        out = {keys.ENV_STEPS: self.budget}
+        if self.target is not None:
+            out[self.return_key] = float(self.target)
+        return out
+
     def which(self, config: dict) -> tuple[int, int]:
         """(candidate rank, seed) of the planned run a trial's config is."""
         batch, lr = keys.config_batch_lr(config)

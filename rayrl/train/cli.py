@@ -14,6 +14,9 @@ from rayrl import spec as spec_mod
 
 def main(args: argparse.Namespace) -> int:
     """Bad input raises rayrl.errors.UserError (rayrl.cli prints it, exit 2)."""
+    from rayrl.observe.output import apply_output
+
+    apply_output(args)
     overrides = list(args.overrides)
     if getattr(args, "population", None) is not None:
         overrides.append(f"population.size={args.population}")

@@ -38,6 +38,9 @@ class TieredCheckpoints(_Trainable):
     _rayrl_tier: ck.TierSettings
 
     def setup(self, config: Any) -> None:
+        from rayrl.rllib.algo import quiet_notices
+
+        quiet_notices(type(self).__name__)  # the class is named after the algorithm (see the module doc)
         self._rayrl_uploader = upload.Uploader()
         self._rayrl_stall_s = 0.0
         self._rayrl_events: dict = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from ray.tune import ExperimentAnalysis
 from rayrl import runfolder, runtime
 from rayrl.errors import SpecError
 from rayrl.faults.preemption import DriverPreemption, FailureBudget
+from rayrl.observe.live import LiveView, live_ok
 from rayrl.observe.progress import HistoryWriter, ProgressPrinter
 from rayrl.rllib.algo import algorithm_class, build_config
 from rayrl.spec import Spec
@@ -71,10 +73,16 @@ def make_tuner(
             param_space=param_space,
             storage_filesystem=fs,
         )
+    # Tune's own console output is off (verbose=0; rayrl.observe.progress prints instead), but its
+    # new reporter still prints a banner and a TensorBoard hint into Ray's session folder, not the
+    # run folder; RAY_AIR_NEW_OUTPUT=0 is Tune's switch for that reporter (silent at verbose=0).
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    run_stop = stop if stop is not None else stop_criteria(spec)
+    view = LiveView if live_ok() else ProgressPrinter
     run_config = tune.RunConfig(
         name=subdir,
         **paths.tune_storage(),
-        stop=stop if stop is not None else stop_criteria(spec),
+        stop=run_stop,
         # Measurement-only trials (the ladder) keep no checkpoints and are not retried: a failing rung
         # is a finding (the ladder ends there), not an accident.
         # A PBT member restores another member's checkpoint some iterations after it was chosen; a keep
@@ -90,7 +98,7 @@ def make_tuner(
             max_failures=-1 if production else spec.checkpoint.max_failures if checkpoints else 0
         ),
         callbacks=[
-            ProgressPrinter(verbose_label, show_config=phase != runfolder.TRAIN),
+            view(verbose_label, show_config=phase != runfolder.TRAIN, stop=run_stop, env_budget=spec.stop.env_steps),
             HistoryWriter(paths.run_dir / runfolder.HISTORY, phase, store=paths.store),
             DiskGuard(paths.run_dir, experiment=None if fs else exp_path),
             *trackers,
