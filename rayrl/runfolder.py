@@ -190,12 +190,14 @@ def read_doubling(path: Path) -> list[LadderRow]:
         ]
 
 
+def _cell(v: str | None) -> float | None:
+    """A CSV cell as a number; an empty cell is None (not yet known)."""
+    return float(v) if v not in ("", None) else None
+
+
 def read_trials(path: Path) -> list[dict]:
     """trials.csv's rows with numbers parsed (empty cells: None), as rank_trials takes them."""
-
-    def num(v: str | None) -> float | None:
-        return float(v) if v not in ("", None) else None
-
+    num = _cell
     with path.open() as f:
         return [
             {
@@ -211,10 +213,7 @@ def read_trials(path: Path) -> list[dict]:
 
 def read_confirm(path: Path) -> list[dict]:
     """confirm.csv's rows with numbers and booleans parsed (``stopped`` empty in files that predate it)."""
-
-    def num(v: str | None) -> float | None:
-        return float(v) if v not in ("", None) else None
-
+    num = _cell
     with path.open() as f:
         return [
             {
