@@ -256,3 +256,83 @@ def test_a_pickled_trainable_refers_to_rayrl_code_so_old_checkpoints_load_with_n
     assert loaded.__name__ == "PPO" and loaded._rayrl_tier == settings
     assert loaded.__mro__[1:3] == (TieredCheckpoints, PPO)
     assert loaded.cleanup(object.__new__(loaded)) == "this version's cleanup"
+
+
+class _Exploding:
+    """The real local filesystem, except that making a folder raises a non-OSError (a driver's bug)."""
+
+    def __init__(self) -> None:
+        self._fs = pafs.LocalFileSystem()
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+    def create_dir(self, path, recursive=True):
+        raise RuntimeError("driver bug: not an OSError")
+
+
+def test_an_unexpected_upload_error_is_counted_and_the_thread_lives_on(tmp_path):
+    settings = _settings(tmp_path)
+    uploader = upload.Uploader(max_backoff_s=0.2, permanent_after=2)
+    bad = _save(settings, str(tmp_path / "bad"), 1)
+    uploader.submit(bad, _Exploding(), str(tmp_path / "store" / "bad"))
+    deadline = time.monotonic() + 5
+    while uploader.stats.failed_attempts < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert uploader.stats.failed_attempts >= 2 and "RuntimeError" in uploader.stats.last_error
+    # A transient-looking error keeps being retried (not given up): the thread is alive and trying.
+    assert uploader.pending == 1 and not uploader.stats.permanent_error
+
+
+def test_a_permanent_refusal_from_the_s3_server_stops_retrying_and_keeps_the_only_copy(tmp_path):
+    """moto with authentication on refuses the fake keys (INVALID_ACCESS_KEY_ID / ACCESS_DENIED): three
+    refusals in a row end that upload instead of retrying forever; the tier-1 copy stays protected."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import free_port
+
+    port = free_port()
+    server = Path(sys.executable).parent / "moto_server"
+    proc = subprocess.Popen(
+        [str(server), "-H", "127.0.0.1", "-p", str(port)],
+        env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "moto_server did not start"
+                time.sleep(0.2)
+        fs = pafs.S3FileSystem(
+            access_key="testing", secret_key="testing", endpoint_override=f"127.0.0.1:{port}", scheme="http"
+        )
+        settings = _settings(tmp_path)
+        uploader = upload.Uploader(max_backoff_s=0.2)
+        local = _save(settings, "PPO_1", 1)
+        uploader.submit(local, fs, "rayrl/run/PPO_1/checkpoint_000001")
+        assert uploader.drain(30), "a refused upload was retried past the permanent limit"
+        stats = uploader.stats
+        assert stats.uploaded == 0 and stats.failed_attempts == 3
+        assert "ACCESS_DENIED" in stats.permanent_error or "INVALID_ACCESS_KEY_ID" in stats.permanent_error
+        assert str(local) in uploader.waiting_paths() and local.is_dir()  # never pruned: the only copy
+        message = upload.permanent_failure_message(stats, "s3://rayrl/run")
+        assert "are refused" in message and "run the same command again" in message and str(local) in message
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def test_refusals_and_outages_are_told_apart():
+    assert upload.is_permanent(OSError("AWS Error ACCESS_DENIED during HeadBucket operation"))
+    assert upload.is_permanent(OSError("Bucket 'x' not found. To create buckets, enable the allow_bucket_creation"))
+    assert not upload.is_permanent(OSError("AWS Error NETWORK_CONNECTION during PutObject: Connection refused"))
+    assert not upload.is_permanent(TimeoutError("timed out"))

@@ -112,6 +112,7 @@ def test_live_view_only_on_a_terminal_and_its_bar_counts_the_phase_budget():
     assert not live_ok(Tty())  # verbose keeps the per-iteration lines
     assert budget_of({keys.ENV_STEPS: 5000}, None) == (keys.ENV_STEPS, 5000.0)
     assert budget_of({keys.ITERATION: 4}, 9.0) == (keys.ITERATION, 4.0)
+    assert budget_of(SimpleNamespace(criteria=lambda: {keys.ENV_STEPS: 4000.0}), 9e5) == (keys.ENV_STEPS, 4000.0)
     set_output("normal")
     screen = Tty()
     view = LiveView("search", show_config=True, stream=screen, stop={keys.ENV_STEPS: 1000})

@@ -32,6 +32,8 @@ def live_ok(stream: TextIO | None = None) -> bool:
 
 def budget_of(stop: Any, fallback_env_steps: float | None) -> tuple[str, float | None]:
     """(unit, per-trial budget) the bar counts in: env steps, else iterations (the ladder)."""
+    if not isinstance(stop, dict) and hasattr(stop, "criteria"):  # the confirmation's Stopper
+        stop = stop.criteria()
     if isinstance(stop, dict) and keys.ENV_STEPS in stop:
         return keys.ENV_STEPS, float(stop[keys.ENV_STEPS])
     if isinstance(stop, dict) and keys.ITERATION in stop:

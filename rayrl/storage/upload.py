@@ -43,6 +43,28 @@ def upload(local: Path, fs: Any, dest: str) -> None:
     _put(local / manifest.NAME, fs, f"{dest}/{manifest.NAME}")
 
 
+#: words in a storage error that no retry can fix (S3's codes as pyarrow and boto word them)
+PERMANENT_WORDS = (
+    "ACCESS_DENIED",
+    "AccessDenied",
+    "INVALID_ACCESS_KEY_ID",
+    "InvalidAccessKeyId",
+    "SIGNATURE_DOES_NOT_MATCH",
+    "SignatureDoesNotMatch",
+    "NoSuchBucket",
+    "NO_SUCH_BUCKET",
+    "To create buckets, enable",  # pyarrow: "Bucket 'x' not found. To create buckets, enable ..."
+    "EXPIRED_TOKEN",
+    "ExpiredToken",
+)
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """A refusal (credentials, permissions, a missing bucket), not a slow or absent server."""
+    text = str(exc)
+    return any(word in text for word in PERMANENT_WORDS)
+
+
 @dataclass
 class UploadStats:
     uploaded: int = 0
@@ -50,6 +72,24 @@ class UploadStats:
     last_upload_s: float = 0.0
     last_error: str = ""
     uploaded_paths: list = field(default_factory=list)
+    #: set once an upload was refused ``permanent_after`` times in a row: the storage will not take it
+    permanent_error: str = ""
+    given_up: list = field(default_factory=list)  #: tier-1 folders whose upload was abandoned
+
+
+class StorageRefused(RuntimeError):
+    """Storage refused checkpoint uploads permanently: the trial stops with the reason."""
+
+
+def permanent_failure_message(stats: UploadStats, where: str) -> str:
+    """The one paragraph a trial stops with when storage refuses its checkpoints."""
+    return (
+        f"checkpoint uploads to {where} are refused ({stats.permanent_error}); retrying cannot fix a refusal "
+        f"(credentials, the bucket's policy or a missing bucket), so the run stops here rather than train on "
+        f"with checkpoints that exist on this node only ({len(stats.given_up)} not uploaded, kept in tier 1: "
+        f"{', '.join(stats.given_up[-3:])}). Fix the access (docs/storage.md) and run the same command again: "
+        "it resumes from the newest checkpoint that landed."
+    )
 
 
 class Uploader:
@@ -58,8 +98,9 @@ class Uploader:
     Storage that fails or hangs delays uploads, never training; retries back off up to ``max_backoff_s``.
     """
 
-    def __init__(self, max_backoff_s: float = 30.0) -> None:
+    def __init__(self, max_backoff_s: float = 30.0, permanent_after: int = 3) -> None:
         self.max_backoff_s = max_backoff_s
+        self.permanent_after = permanent_after
         self.stats = UploadStats()
         self._queue: queue.Queue = queue.Queue()
         self._pending = 0
@@ -113,7 +154,7 @@ class Uploader:
         start = time.perf_counter()
         try:
             upload(local, fs, dest)
-        except OSError as exc:
+        except Exception as exc:
             self.stats.failed_attempts += 1
             self.stats.last_error = f"{type(exc).__name__}: {exc}"[:300]
             raise
@@ -124,20 +165,28 @@ class Uploader:
     def _run(self) -> None:
         while True:
             local, fs, dest = self._queue.get()
-            backoff = 1.0
+            backoff, refused, kept = 1.0, 0, False
             while True:
                 if not local.is_dir():  # pruned from tier 1 before it could land: nothing left to send
                     break
                 try:
                     self._once(local, fs, dest)
                     break
-                except OSError as exc:
+                except Exception as exc:  # noqa: BLE001 - any error: the thread must live on, and say so
+                    refused = refused + 1 if is_permanent(exc) else 0
+                    if refused >= self.permanent_after:
+                        self.stats.permanent_error = self.stats.last_error
+                        self.stats.given_up = (self.stats.given_up + [str(local)])[-64:]
+                        log.error("checkpoint upload to %s refused %d times (%s); giving up", dest, refused, exc)
+                        kept = True  # the only copy now: still protected from pruning
+                        break
                     log.warning("checkpoint upload to %s failed (%s); retrying in %.0fs", dest, exc, backoff)
                     time.sleep(backoff)
                     backoff = min(self.max_backoff_s, backoff * 2)
             with self._idle:
                 self._pending -= 1
-                self.waiting.discard(str(local))
+                if not kept:
+                    self.waiting.discard(str(local))
                 self._idle.notify_all()
 
 

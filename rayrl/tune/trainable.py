@@ -54,6 +54,9 @@ class TieredCheckpoints(_Trainable):
             self._rayrl_preempt.exit_now()
         result = super().step()
         up = self._rayrl_uploader.stats
+        if up.permanent_error:  # storage refuses the checkpoints: stop, do not train on unprotected
+            where = getattr(getattr(self, "_storage", None), "trial_fs_path", None) or "storage"
+            raise upload.StorageRefused(upload.permanent_failure_message(up, str(where)))
         result.setdefault("rayrl", {}).update(
             checkpoint_stall_s=self._rayrl_stall_s,
             checkpoint_uploads=up.uploaded,
