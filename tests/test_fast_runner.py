@@ -303,6 +303,11 @@ def test_ppo_learns_the_same_with_either_runner(ray_local):
         algo = cfg.build_algo()
         try:
             curves[runner] = [float(keys.lookup(algo.train(), keys.EPISODE_RETURN)) for _ in range(8)]
+            if runner == "fast":  # the remote runner took its own loop, not a silent fall back to RLlib's
+                why_not = algo.env_runner_group.foreach_env_runner(
+                    lambda r: (type(r).__name__, r.fast_off_reason), local_env_runner=False
+                )
+                assert why_not == [("FastEnvRunner", why_not[0][1])] and not why_not[0][1], why_not
         finally:
             algo.stop()
     print(curves)
