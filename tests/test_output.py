@@ -159,5 +159,7 @@ def test_closing_summary_names_every_phase_the_choice_and_the_files(tmp_path):
     assert text.index("75e8") < text.index("d7e5")  # the search's best first
     chosen = next(line for line in lines if line.lstrip().startswith("*"))
     assert chosen.split()[:5] == ["*", "75e8", "512", "8.46e-04", "9241"] and "8000 .. 1.1e+04" in chosen
+    spec_row = next(line for line in lines if line.split()[:1] == ["spec"])
+    assert spec_row.split()[3:7] == ["inf", "inf", "..", "inf"]  # null in summary.json: a cost past a miss
     assert f"train it: rayrl train --config {tmp_path / 'best_config.yaml'}" in text
     assert f"rayrl report {tmp_path}" in text

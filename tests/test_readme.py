@@ -50,7 +50,9 @@ def test_every_path_the_readme_names_exists():
 
 def _commands_in_code_blocks() -> list[list[str]]:
     commands = []
-    for block in re.findall(r"```(?:bash|sh|shell)?\n(.*?)```", README, re.S):
+    for lang, block in re.findall(r"```(\w*)\n(.*?)```", README, re.S):
+        if lang not in ("", "bash", "sh", "shell"):  # a ```text block shows output, not commands
+            continue
         for line in block.splitlines():
             line = line.split("  #")[0].strip()
             if line.startswith(("rayrl ", "python experiments/")):

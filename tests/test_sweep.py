@@ -243,6 +243,7 @@ def test_smoke_sweep_writes_the_contract_and_resumes(tmp_path):
     assert len(lines) <= 120, f"{len(lines)} lines:\n" + "\n".join(lines[:40])
     assert not [line for line in lines if "/ray/session_" in line or "invalid value" in line]
     assert "invalid value" not in first.stderr and "on the new API stack" not in first.stdout + first.stderr
+    assert "max_concurrent_trials" not in first.stderr  # the confirmation's limit is its generator's own
     assert f"train it: rayrl train --config {run / 'best_config.yaml'}" in first.stdout
     assert "finished: " in first.stdout and "ladder (env steps/s per batch size" in first.stdout
     summary = check_run_folder(run)

@@ -33,6 +33,11 @@ def _fmt(value: Any, spec: str) -> str:
     return format(v, spec) if math.isfinite(v) else "-"
 
 
+def _cost(value: Any) -> str:
+    """A confirmation cost: summary.json stores infinity (a median or bound past a seed that missed) as null."""
+    return "inf" if value is None else _fmt(value, ".4g")
+
+
 def closing_summary(summary: dict, ladder: list[Any], trials: list[dict], run_dir: str | Path) -> str:
     """The text printed when a sweep ends: summary.json, doubling.csv's and trials.csv's rows."""
     run_dir = Path(run_dir)
@@ -79,8 +84,8 @@ def closing_summary(summary: dict, ladder: list[Any], trials: list[dict], run_di
                     str(c.get("phase2_trial_id")),
                     str(c.get("batch_size")),
                     _fmt(c.get("lr"), ".2e"),
-                    _fmt(c.get("median"), ".4g"),
-                    f"{_fmt(c.get('ci_low'), '.4g')} .. {_fmt(c.get('ci_high'), '.4g')}",
+                    _cost(c.get("median")),
+                    f"{_cost(c.get('ci_low'))} .. {_cost(c.get('ci_high'))}",
                     f"{c.get('reached')}/{c.get('runs')}",
                     _fmt(c.get("median_return"), ".1f"),
                 ]

@@ -124,9 +124,9 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
         phase=runfolder.CONFIRM_PHASE,
         param_space=params,
         tune_config=tune.TuneConfig(
-            search_alg=BasicVariantGenerator(points_to_evaluate=points),
+            # The generator's own limit: Tune ignores max_concurrent_trials for a SearchGenerator (it warns).
+            search_alg=BasicVariantGenerator(points_to_evaluate=points, max_concurrent=concurrency(spec)),
             num_samples=len(points),
-            max_concurrent_trials=concurrency(spec),
         ),
         stop=stop,
         verbose_label="confirm",
