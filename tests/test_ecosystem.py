@@ -275,6 +275,43 @@ def test_play_prints_five_returns_and_records_videos(trained, tmp_path, capsys):
     assert len(videos) == 5 and all(v.stat().st_size > 1000 for v in videos) and saved["videos"]
 
 
+def test_export_and_play_take_the_confirmation_run_when_the_specs_own_config_won(trained, tmp_path, capsys):
+    """A sweep whose winner is the spec's own config (it never ran in the search): export and play use
+    its first confirmation run at the target. The folder is laid out as a sweep leaves it, with the
+    real checkpoints of a real training run as its trials."""
+    import shutil
+
+    from rayrl import runfolder
+    from rayrl.policy import export, play
+
+    (search_tid, search_dir), (spec_tid, spec_dir) = sorted(trial_ids(trained).items())
+    run = tmp_path / "sweep"
+    shutil.copytree(search_dir, run / runfolder.PHASE_DIRS[runfolder.SEARCH] / search_dir.name)
+    shutil.copytree(spec_dir, run / runfolder.PHASE_DIRS[runfolder.CONFIRM_PHASE] / spec_dir.name)
+    shutil.copy(trained / "spec.yaml", run / "spec.yaml")
+    (run / "summary.json").write_text(
+        json.dumps({"kind": "sweep", "best": {"trial_id": "spec", "batch_size": 512, "lr": 3e-4}})
+    )
+    row = dict.fromkeys(runfolder.CONFIRM_COLUMNS, "")
+    rows = [
+        {**row, "candidate": 1, "phase2_trial_id": search_tid, "batch_size": 512, "lr": 3e-4, "seed": 1000}
+        | {"trial_id": "c_missing", "reached": "False"},
+        {**row, "candidate": 2, "phase2_trial_id": "spec", "batch_size": 512, "lr": 3e-4, "seed": 1000}
+        | {"trial_id": "c_missed", "reached": "False"},
+        {**row, "candidate": 2, "phase2_trial_id": "spec", "batch_size": 512, "lr": 3e-4, "seed": 2000}
+        | {"trial_id": spec_tid, "reached": "True"},
+    ]
+    with (run / runfolder.CONFIRM).open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(runfolder.CONFIRM_COLUMNS))
+        writer.writeheader()
+        writer.writerows(rows)
+    assert export.main([str(run)]) == 0
+    side = json.loads((run / "policy.onnx.json").read_text())
+    assert side["trial_id"] == spec_tid  # the spec's run at the target, not the search's best trial
+    assert play.main([str(run), "--episodes", "1"]) == 0
+    assert f"trial {spec_tid}" in capsys.readouterr().out
+
+
 def test_sweep_logs_one_mlflow_run_per_phase2_trial(tmp_path):
     from mlflow.tracking import MlflowClient
 
