@@ -263,25 +263,31 @@ class _Exploding:
 
     def __init__(self) -> None:
         self._fs = pafs.LocalFileSystem()
+        self.broken = True
 
     def __getattr__(self, name):
         return getattr(self._fs, name)
 
     def create_dir(self, path, recursive=True):
-        raise RuntimeError("driver bug: not an OSError")
+        if self.broken:
+            raise RuntimeError("driver bug: not an OSError")
+        return self._fs.create_dir(path, recursive=recursive)
 
 
 def test_an_unexpected_upload_error_is_counted_and_the_thread_lives_on(tmp_path):
     settings = _settings(tmp_path)
     uploader = upload.Uploader(max_backoff_s=0.2, permanent_after=2)
-    bad = _save(settings, str(tmp_path / "bad"), 1)
-    uploader.submit(bad, _Exploding(), str(tmp_path / "store" / "bad"))
+    bad, fs = _save(settings, str(tmp_path / "bad"), 1), _Exploding()
+    uploader.submit(bad, fs, str(tmp_path / "store" / "bad"))
     deadline = time.monotonic() + 5
     while uploader.stats.failed_attempts < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert uploader.stats.failed_attempts >= 2 and "RuntimeError" in uploader.stats.last_error
-    # A transient-looking error keeps being retried (not given up): the thread is alive and trying.
+    # A transient-looking error keeps being retried (not given up): the thread is alive and trying,
+    # and the upload lands once the filesystem works again.
     assert uploader.pending == 1 and not uploader.stats.permanent_error
+    fs.broken = False
+    assert uploader.drain(10) and uploader.stats.uploaded == 1
 
 
 def test_a_permanent_refusal_from_the_s3_server_stops_retrying_and_keeps_the_only_copy(tmp_path):

@@ -163,3 +163,18 @@ def test_closing_summary_names_every_phase_the_choice_and_the_files(tmp_path):
     assert spec_row.split()[3:7] == ["inf", "inf", "..", "inf"]  # null in summary.json: a cost past a miss
     assert f"train it: rayrl train --config {tmp_path / 'best_config.yaml'}" in text
     assert f"rayrl report {tmp_path}" in text
+
+
+def test_a_printer_pickled_by_an_older_rayrl_resumes_with_todays_fields():
+    """Tune pickles its callbacks with the experiment; a sweep started before this printer grew its
+    bookkeeping resumes with the old object's fields only (found by tests/test_old_layout.py)."""
+    import pickle
+
+    old = P.ProgressPrinter.__new__(P.ProgressPrinter)
+    old.__dict__.update(label="search", show_config=True, stream=None, _start=0.0)  # the old fields
+    printer = pickle.loads(pickle.dumps(old))
+    out = io.StringIO()
+    printer.stream = out
+    printer.on_trial_result(1, [], trial("a1"), result(1, 256.0, 20.0))
+    printer.on_trial_complete(1, [], trial("a1"))
+    assert "a1 batch 256" in out.getvalue() and "finished" in out.getvalue()

@@ -172,6 +172,14 @@ class ProgressPrinter(Callback):
         self._done: set[str] = set()
         self._total: int | None = None
 
+    def __setstate__(self, state: dict) -> None:
+        # Tune pickles its callbacks with the experiment: a sweep an older rayrl started resumes with
+        # that printer's fewer fields, so the current ones are filled in first.
+        ProgressPrinter.__init__(
+            self, state.get("label", ""), state.get("show_config", False), state.get("stream"), state.get("stop")
+        )
+        self.__dict__.update(state)
+
     def setup(self, total_num_samples: int | None = None, **info: Any) -> None:
         self._start = self._last_line = time.monotonic()  # also after a resume: time since this process began
         self._total = total_num_samples

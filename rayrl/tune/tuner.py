@@ -60,12 +60,24 @@ def make_tuner(
     production = checkpoints and phase == runfolder.TRAIN
     if production:
         trainable = tiered_trainable(trainable, settings_for(spec))
+    # Tune's own console output is off (verbose=0; rayrl.observe.progress prints instead), but its
+    # new reporter still prints a banner and a TensorBoard hint into Ray's session folder, not the
+    # run folder; RAY_AIR_NEW_OUTPUT=0 is Tune's switch for that reporter (silent at verbose=0).
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     exp_path, fs = paths.experiment(subdir)
+    run_stop = stop if stop is not None else stop_criteria(spec)
+    view = LiveView if live_ok() else ProgressPrinter
+    # The callbacks bound to this machine's run folder and terminal, fresh on every start.
+    local = [
+        view(verbose_label, show_config=phase != runfolder.TRAIN, stop=run_stop, env_budget=spec.stop.env_steps),
+        HistoryWriter(paths.run_dir / runfolder.HISTORY, phase, store=paths.store),
+        DiskGuard(paths.run_dir, experiment=None if fs else exp_path),
+    ]
     if tune.Tuner.can_restore(exp_path, storage_filesystem=fs):
         if fs is None:
             check_experiment_state(exp_path)
         alias_old_modules()  # experiments written before the layout move pickled the old module paths
-        return tune.Tuner.restore(
+        tuner = tune.Tuner.restore(
             exp_path,
             trainable=trainable,
             resume_unfinished=True,
@@ -73,12 +85,8 @@ def make_tuner(
             param_space=param_space,
             storage_filesystem=fs,
         )
-    # Tune's own console output is off (verbose=0; rayrl.observe.progress prints instead), but its
-    # new reporter still prints a banner and a TensorBoard hint into Ray's session folder, not the
-    # run folder; RAY_AIR_NEW_OUTPUT=0 is Tune's switch for that reporter (silent at verbose=0).
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
-    run_stop = stop if stop is not None else stop_criteria(spec)
-    view = LiveView if live_ok() else ProgressPrinter
+        refresh_callbacks(tuner, local)
+        return tuner
     run_config = tune.RunConfig(
         name=subdir,
         **paths.tune_storage(),
@@ -98,9 +106,7 @@ def make_tuner(
             max_failures=-1 if production else spec.checkpoint.max_failures if checkpoints else 0
         ),
         callbacks=[
-            view(verbose_label, show_config=phase != runfolder.TRAIN, stop=run_stop, env_budget=spec.stop.env_steps),
-            HistoryWriter(paths.run_dir / runfolder.HISTORY, phase, store=paths.store),
-            DiskGuard(paths.run_dir, experiment=None if fs else exp_path),
+            *local,
             *trackers,
             *(extra_callbacks or []),
             *(
@@ -120,6 +126,24 @@ def make_tuner(
         tune_config=tune_config,
         run_config=run_config,
     )
+
+
+def refresh_callbacks(tuner: Any, local: list) -> None:
+    """Swap the restored printer, history writer and disk guard for this start's own.
+
+    Tune restores the callbacks pickled with the experiment, paths included: a run folder moved, or
+    resumed on another machine (from the bucket alone, under another HOME), would append history.csv
+    to the writer's old path (FileNotFoundError), and an older rayrl's printer lacks today's fields.
+    Tune has no public setter for a restored run config; the trackers and the failure budget stay as
+    pickled (their state is the run's, not the machine's).
+    """
+    inner = getattr(tuner, "_local_tuner", None)
+    if inner is None:  # Ray Client: the tuner runs remotely with its own pickled callbacks
+        return
+    run_config = inner.get_run_config()
+    kinds = (ProgressPrinter, HistoryWriter, DiskGuard)
+    kept = [c for c in (run_config.callbacks or []) if not isinstance(c, kinds)]
+    run_config.callbacks = [*local, *kept]
 
 
 def check_experiment_state(exp_path: str) -> None:
