@@ -78,5 +78,6 @@ def add_run_args(p: argparse.ArgumentParser, default_config: str | None = None) 
         type=float,
         default=30.0,
         metavar="S",
-        help="seconds between progress lines (trials, env steps, steps/s, best return) (default: 30)",
+        help="seconds between progress lines (trials, env steps, steps/s, best return) when the output is a "
+        "log, not a terminal; a terminal gets the live view (default: 30)",
     )
