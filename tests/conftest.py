@@ -141,14 +141,13 @@ def submit_job(
     return proc
 
 
-@pytest.fixture(scope="module")
-def s3_server() -> Iterator[SimpleNamespace]:
-    """moto's S3-compatible server on 127.0.0.1 (own process group, ended by pid), with bucket 'rayrl'.
+@contextlib.contextmanager
+def moto(extra_env: dict | None = None) -> Iterator[int]:
+    """moto's S3-compatible server on 127.0.0.1 (own process group, ended by pid); yields its port.
 
-    ``env`` holds what a client needs: fake credentials and AWS_ENDPOINT_URL, the usual setting an
-    S3-compatible store (MinIO, Ceph) is given by.
+    ``extra_env`` reaches the server, e.g. ``INITIAL_NO_AUTH_ACTION_COUNT=0`` turns its
+    authentication on (then it refuses unknown keys as AWS does).
     """
-    boto3 = pytest.importorskip("boto3")
     # This interpreter's moto first: a moto_server on PATH may be another Python's (a pyenv shim runs
     # the system Python's older moto, which fails pyarrow's multipart uploads with INTERNAL_FAILURE).
     own = Path(sys.executable).parent / "moto_server"
@@ -156,18 +155,11 @@ def s3_server() -> Iterator[SimpleNamespace]:
     port = free_port()
     proc = subprocess.Popen(
         [server, "-H", "127.0.0.1", "-p", str(port)],
+        env={**os.environ, **(extra_env or {})},
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    endpoint = f"http://127.0.0.1:{port}"
-    env = {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -178,6 +170,29 @@ def s3_server() -> Iterator[SimpleNamespace]:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     pytest.fail(f"moto_server did not listen on {port} within 60 s")
                 time.sleep(0.2)
+        yield port
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[SimpleNamespace]:
+    """moto's server (see ``moto``) with bucket 'rayrl'.
+
+    ``env`` holds what a client needs: fake credentials and AWS_ENDPOINT_URL, the usual setting an
+    S3-compatible store (MinIO, Ceph) is given by.
+    """
+    boto3 = pytest.importorskip("boto3")
+    with moto() as port:
+        endpoint = f"http://127.0.0.1:{port}"
+        env = {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
         client = boto3.client(
             "s3",
             endpoint_url=endpoint,
@@ -187,9 +202,6 @@ def s3_server() -> Iterator[SimpleNamespace]:
         )
         client.create_bucket(Bucket="rayrl")
         yield SimpleNamespace(endpoint=endpoint, env=env, client=client, bucket="rayrl")
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 @contextlib.contextmanager

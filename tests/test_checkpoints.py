@@ -293,31 +293,9 @@ def test_an_unexpected_upload_error_is_counted_and_the_thread_lives_on(tmp_path)
 def test_a_permanent_refusal_from_the_s3_server_stops_retrying_and_keeps_the_only_copy(tmp_path):
     """moto with authentication on refuses the fake keys (INVALID_ACCESS_KEY_ID / ACCESS_DENIED): three
     refusals in a row end that upload instead of retrying forever; the tier-1 copy stays protected."""
-    import signal
-    import socket
-    import subprocess
-    import sys
+    from conftest import moto
 
-    from conftest import free_port
-
-    port = free_port()
-    server = Path(sys.executable).parent / "moto_server"
-    proc = subprocess.Popen(
-        [str(server), "-H", "127.0.0.1", "-p", str(port)],
-        env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline and proc.poll() is None, "moto_server did not start"
-                time.sleep(0.2)
+    with moto({"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as port:
         fs = pafs.S3FileSystem(
             access_key="testing", secret_key="testing", endpoint_override=f"127.0.0.1:{port}", scheme="http"
         )
@@ -332,9 +310,6 @@ def test_a_permanent_refusal_from_the_s3_server_stops_retrying_and_keeps_the_onl
         assert str(local) in uploader.waiting_paths() and local.is_dir()  # never pruned: the only copy
         message = upload.permanent_failure_message(stats, "s3://rayrl/run")
         assert "are refused" in message and "run the same command again" in message and str(local) in message
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
 
 
 def test_refusals_and_outages_are_told_apart():

@@ -165,16 +165,25 @@ def test_closing_summary_names_every_phase_the_choice_and_the_files(tmp_path):
     assert f"rayrl report {tmp_path}" in text
 
 
-def test_a_printer_pickled_by_an_older_rayrl_resumes_with_todays_fields():
-    """Tune pickles its callbacks with the experiment; a sweep started before this printer grew its
-    bookkeeping resumes with the old object's fields only (found by tests/test_old_layout.py)."""
-    import pickle
+def test_a_restored_tuner_gets_this_starts_printer_history_writer_and_disk_guard(tmp_path):
+    """Tune restores the callbacks pickled with the experiment, with the old machine's paths and, from
+    an older rayrl, fewer fields (tests/test_old_layout.py found both); refresh_callbacks swaps rayrl's
+    machine-bound ones for this start's and keeps the rest. A real Tuner, no Ray cluster needed."""
+    from ray import tune
 
-    old = P.ProgressPrinter.__new__(P.ProgressPrinter)
-    old.__dict__.update(label="search", show_config=True, stream=None, _start=0.0)  # the old fields
-    printer = pickle.loads(pickle.dumps(old))
-    out = io.StringIO()
-    printer.stream = out
-    printer.on_trial_result(1, [], trial("a1"), result(1, 256.0, 20.0))
-    printer.on_trial_complete(1, [], trial("a1"))
-    assert "a1 batch 256" in out.getvalue() and "finished" in out.getvalue()
+    from rayrl.faults.preemption import FailureBudget
+    from rayrl.storage.guard import DiskGuard
+    from rayrl.tune.tuner import refresh_callbacks
+
+    old_printer = P.ProgressPrinter.__new__(P.ProgressPrinter)
+    old_printer.__dict__.update(label="search", show_config=True, stream=None, _start=0.0)  # an older rayrl's
+    budget = FailureBudget(10, 3600.0)
+    stale = [old_printer, P.HistoryWriter("/elsewhere/history.csv", "search"), DiskGuard(tmp_path / "old"), budget]
+    tuner = tune.Tuner(
+        lambda config: {"x": 1},
+        run_config=tune.RunConfig(name="t", storage_path=str(tmp_path), callbacks=stale),
+    )
+    fresh = [P.ProgressPrinter("search"), P.HistoryWriter(tmp_path / "history.csv", "search"), DiskGuard(tmp_path)]
+    refresh_callbacks(tuner, fresh)
+    callbacks = tuner._local_tuner.get_run_config().callbacks
+    assert callbacks[:3] == fresh and callbacks[3:] == [budget]  # the failure budget's state is the run's

@@ -6,6 +6,7 @@ has added its ``rayrl`` section. One place, so a renamed metric breaks loudly, n
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rayrl.spec import schedule
@@ -40,6 +41,14 @@ CHECKPOINT_UPLOAD_FAILURES = "rayrl/checkpoint_upload_failures"  #: failed uploa
 def return_key(judged_by: str) -> str:
     """The key runs are ranked and stopped by: Spec.judged_by is "evaluation" or "training"."""
     return EVAL_RETURN if judged_by == "evaluation" else TRAIN_RETURN
+
+
+def number(value: Any) -> float:
+    """A result value as a float; NaN where it is missing or not a number (not yet known)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def lookup(result: dict, key: str, default: Any = None) -> Any:

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from rayrl.observe import keys
 from rayrl.observe.output import output_mode
-from rayrl.observe.progress import ProgressPrinter, _num, stop_reason, trial_batch_lr
+from rayrl.observe.progress import ProgressPrinter, stop_reason, trial_batch_lr
 
 MAX_ROWS = 12  #: trials shown: the running ones first, then the best finished
 
@@ -44,21 +44,15 @@ def budget_of(stop: Any, fallback_env_steps: float | None) -> tuple[str, float |
 class LiveView(ProgressPrinter):
     """ProgressPrinter's bookkeeping, drawn as one live frame instead of lines."""
 
-    def __init__(
-        self,
-        label: str = "",
-        show_config: bool = False,
-        stream: TextIO | None = None,
-        stop: Any = None,
-        env_budget: float | None = None,
-    ) -> None:
-        super().__init__(label, show_config, stream, stop)
-        self.unit, self.per_trial = budget_of(stop, env_budget)
+    _progress: Progress  #: made in setup, like the Live: rich's objects hold locks Tune cannot pickle
+    _task: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.unit, self.per_trial = budget_of(self.stop, self.env_budget)
         self._status: dict[str, str] = {}
         self._trials: dict[str, Any] = {}
         self._live: Live | None = None
-        self._progress = self._new_progress()
-        self._task = self._progress.add_task(self.label or "run", total=None)
 
     def _new_progress(self) -> Progress:
         unit = "env steps" if self.unit == keys.ENV_STEPS else "iters"
@@ -74,20 +68,15 @@ class LiveView(ProgressPrinter):
 
     def __getstate__(self) -> dict:
         # Tune pickles its callbacks with the experiment state; rich's objects hold locks.
-        state = dict(self.__dict__)
-        state["_live"], state["_progress"], state["_task"] = None, None, None
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._progress = self._new_progress()
-        self._task = self._progress.add_task(self.label or "run", total=None)
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_progress", "_task")}
+        return {**state, "_live": None}
 
     def setup(self, total_num_samples: int | None = None, **info: Any) -> None:
         super().setup(total_num_samples=total_num_samples, **info)
         trials = total_num_samples if total_num_samples and total_num_samples < 10**6 else 1
         total = self.per_trial * trials if self.per_trial else None
-        self._progress.update(self._task, total=total, completed=0)
+        self._progress = self._new_progress()
+        self._task = self._progress.add_task(self.label or "run", total=total)
         console = Console(file=self.stream or sys.stdout)
         self._live = Live(self._render(), console=console, refresh_per_second=2, transient=False)
         self._live.start()
@@ -100,7 +89,7 @@ class LiveView(ProgressPrinter):
             self._live = None
 
     def _done_so_far(self) -> float:
-        return sum(max(0.0, _num(keys.lookup(r, self.unit))) for r in self._last.values())
+        return sum(max(0.0, keys.number(keys.lookup(r, self.unit))) for r in self._last.values())
 
     def _render(self) -> Group:
         table = Table(expand=False, box=None, header_style="bold", pad_edge=False)
@@ -114,19 +103,19 @@ class LiveView(ProgressPrinter):
         running = [t for t in self._last if t not in self._done]
         finished = sorted(
             (t for t in self._last if t in self._done),
-            key=lambda t: -_num(keys.lookup(self._last[t], keys.TRAIN_RETURN)),
+            key=lambda t: -keys.number(keys.lookup(self._last[t], keys.TRAIN_RETURN)),
         )
         for tid in (running + finished)[:MAX_ROWS]:
             r = self._last[tid]
             cells = [tid]
             if self.show_config:
                 batch, lr = trial_batch_lr(self._trials.get(tid))
-                cells += [str(batch), f"{_num(lr):.2e}"]
-            ret = _num(keys.lookup(r, keys.TRAIN_RETURN))
+                cells += [str(batch), f"{keys.number(lr):.2e}"]
+            ret = keys.number(keys.lookup(r, keys.TRAIN_RETURN))
             cells += [
-                f"{_num(keys.lookup(r, keys.ENV_STEPS)):,.0f}",
+                f"{keys.number(keys.lookup(r, keys.ENV_STEPS)):,.0f}",
                 f"{ret:.1f}" if math.isfinite(ret) else "-",
-                f"{_num(keys.lookup(r, keys.ENV_STEPS_PER_S)):,.0f}",
+                f"{keys.number(keys.lookup(r, keys.ENV_STEPS_PER_S)):,.0f}",
                 self._status.get(tid, "running"),
             ]
             table.add_row(*cells)
@@ -151,7 +140,7 @@ class LiveView(ProgressPrinter):
         self._status[trial.trial_id] = stop_reason(self._last.get(trial.trial_id) or {}, self.stop)
         if self.per_trial and trial.trial_id in self._last:  # an early stop frees the rest of its budget
             total = self._progress.tasks[0].total
-            used = max(0.0, _num(keys.lookup(self._last[trial.trial_id], self.unit)))
+            used = max(0.0, keys.number(keys.lookup(self._last[trial.trial_id], self.unit)))
             if total is not None and used < self.per_trial:
                 self._progress.update(self._task, total=max(self._done_so_far(), total - (self.per_trial - used)))
         self._redraw()

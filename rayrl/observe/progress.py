@@ -19,13 +19,6 @@ from rayrl.storage import files
 from rayrl.storage.files import StorageError
 
 
-def _num(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def history_row(result: dict, trial_id: str, phase: str, batch_size: Any, lr: Any) -> dict:
     """One history.csv row (columns: rayrl.observe.runfolder.HISTORY_COLUMNS) from one Tune result."""
     get = lambda key: keys.lookup(result, key)  # noqa: E731
@@ -140,7 +133,7 @@ def stop_reason(result: dict, stop: Any) -> str:
     if not isinstance(stop, dict):
         return "stopped"
     for key, limit in stop.items():
-        value = _num(keys.lookup(result, key))
+        value = keys.number(keys.lookup(result, key))
         if math.isfinite(value) and value >= float(limit):
             return _STOP_WORDS.get(key, f"reached {key} >= {{v:g}}").format(v=float(limit))
     return early
@@ -166,19 +159,12 @@ class ProgressPrinter(Callback):
         self.show_config = show_config
         self.stream = stream
         self.stop = stop
+        self.env_budget = env_budget  #: env steps per trial where ``stop`` does not say (the live view's bar)
         self._start = time.monotonic()
         self._last_line = self._start
         self._last: dict[str, dict] = {}  # trial id -> its latest result
         self._done: set[str] = set()
         self._total: int | None = None
-
-    def __setstate__(self, state: dict) -> None:
-        # Tune pickles its callbacks with the experiment: a sweep an older rayrl started resumes with
-        # that printer's fewer fields, so the current ones are filled in first.
-        ProgressPrinter.__init__(
-            self, state.get("label", ""), state.get("show_config", False), state.get("stream"), state.get("stop")
-        )
-        self.__dict__.update(state)
 
     def setup(self, total_num_samples: int | None = None, **info: Any) -> None:
         self._start = self._last_line = time.monotonic()  # also after a resume: time since this process began
@@ -191,11 +177,11 @@ class ProgressPrinter(Callback):
         return f"[{self.label}{' ' if self.label else ''}{time.monotonic() - self._start:6.0f}s]"
 
     def _result_line(self, trial: Any, result: dict) -> str:
-        get = lambda key: _num(keys.lookup(result, key))  # noqa: E731
+        get = lambda key: keys.number(keys.lookup(result, key))  # noqa: E731
         parts = [self._prefix()]
         if self.show_config:
             batch, lr = trial_batch_lr(trial)
-            parts.append(f"{trial.trial_id} batch {batch} lr {_num(lr):.2e}")
+            parts.append(f"{trial.trial_id} batch {batch} lr {keys.number(lr):.2e}")
         parts.append(f"iter {int(get(keys.ITERATION))}")
         parts.append(f"env steps {get(keys.ENV_STEPS):,.0f}")
         parts.append(f"{get(keys.ENV_STEPS_PER_S):,.0f} steps/s")
@@ -207,10 +193,10 @@ class ProgressPrinter(Callback):
     def progress_line(self) -> str:
         """One line for the whole phase: trials, env steps, throughput, the best return so far."""
         results = list(self._last.values())
-        steps = sum(_num(keys.lookup(r, keys.ENV_STEPS)) for r in results)
+        steps = sum(keys.number(keys.lookup(r, keys.ENV_STEPS)) for r in results)
         running = [tid for tid in self._last if tid not in self._done]
-        sps = sum(_num(keys.lookup(self._last[t], keys.ENV_STEPS_PER_S)) for t in running)
-        returns = [(_num(keys.lookup(r, keys.TRAIN_RETURN)), tid) for tid, r in self._last.items()]
+        sps = sum(keys.number(keys.lookup(self._last[t], keys.ENV_STEPS_PER_S)) for t in running)
+        returns = [(keys.number(keys.lookup(r, keys.TRAIN_RETURN)), tid) for tid, r in self._last.items()]
         returns = [(v, tid) for v, tid in returns if math.isfinite(v)]
         of = f" of {self._total}" if self._total and self._total < 10**6 else ""
         parts = [
@@ -240,7 +226,7 @@ class ProgressPrinter(Callback):
         if output_mode() == "quiet":
             return
         result = self._last.get(trial.trial_id) or getattr(trial, "last_result", None) or {}
-        get = lambda key: _num(keys.lookup(result, key))  # noqa: E731
+        get = lambda key: keys.number(keys.lookup(result, key))  # noqa: E731
         who = f"trial {trial.trial_id}" if self.show_config else "run"
         self._print(
             f"{self._prefix()} {who} finished: {stop_reason(result, self.stop)} | iter "

@@ -103,7 +103,6 @@ class LeanUpdateMixin(_LearnerBase):
     """Put in front of rayrl's PPO learner (see the module docstring)."""
 
     _rayrl_ddp: bool
-    _rayrl_quiet: bool
     rayrl: Any  #: rayrl.rllib.learner.LearnerSettings
     metrics: Any  #: RLlib's MetricsLogger, swapped for _MUTED during a quiet minibatch
 
@@ -129,51 +128,52 @@ class LeanUpdateMixin(_LearnerBase):
         data.solve_refs()
         self._weights_seq_no += 1
         batch = self._make_batch_if_necessary(training_data=data)
-        columns: dict[str, dict[str, torch.Tensor]] = {}
-        for mid in list(batch.policy_batches):
-            if not self.should_module_be_updated(mid, batch):
-                continue
-            if mid not in self.module.keys():
-                raise ValueError(f"Batch contains ModuleID {mid!r}, which is not in this Learner!")
-            lean = lean_columns(dict(batch.policy_batches[mid]))
-            if lean is None:  # a column the lean loop cannot slice: RLlib's iterator for this batch
-                return self._rayrl_rllib_loop(batch, kwargs, timesteps)
-            columns[mid] = lean
-        if columns:
-            self._rayrl_lean_loop(columns, kwargs)
+        columns = {
+            mid: lean_columns(dict(b))
+            for mid, b in batch.policy_batches.items()
+            if self.should_module_be_updated(mid, batch)
+        }
+        if unknown := set(columns) - set(self.module.keys()):
+            raise ValueError(f"Batch contains ModuleIDs {sorted(unknown)}, which are not in this Learner!")
+        if any(cols is None for cols in columns.values()):  # a column the lean loop cannot slice
+            losses = self._rayrl_rllib_loop(batch, kwargs)
+        else:
+            losses = self._rayrl_lean_loop(columns, kwargs) if columns else {}  # type: ignore[arg-type]
+        for mid, loss in losses.items():
+            self.metrics.log_value(key=(mid, self.TOTAL_LOSS_KEY), value=loss, window=1)
         self.after_gradient_based_update(timesteps=timesteps)
-        if not kwargs.get("_no_metrics_reduce"):
-            return self.metrics.reduce()
-        return None
+        return None if kwargs.get("_no_metrics_reduce") else self.metrics.reduce()
 
-    def _rayrl_lean_loop(self, columns: dict[str, dict[str, torch.Tensor]], kwargs: dict) -> None:
+    def _rayrl_lean_loop(self, columns: dict[str, dict[str, torch.Tensor]], kwargs: dict) -> dict:
+        """The minibatches over the real rows; returns the last minibatch's losses."""
         epochs = int(kwargs.get("num_epochs") or 1)
         size = kwargs.get("minibatch_size")
         shuffle = bool(kwargs.get("shuffle_batch_per_epoch")) and epochs > 1
+        first = {mid: next(iter(cols.values())) for mid, cols in columns.items()}  # row count and device
         plans = {
-            mid: list(minibatch_indices(next(iter(cols.values())).shape[0], size, epochs, shuffle))
-            for mid, cols in columns.items()
+            mid: [
+                torch.from_numpy(i).to(first[mid].device)
+                for i in minibatch_indices(len(first[mid]), size, epochs, shuffle)
+            ]
+            for mid in columns
         }
         count = max(len(p) for p in plans.values())
         rows: dict[str, int] = dict.fromkeys(columns, 0)
-        env_rows, loss_per_module = 0, {}
+        env_rows, losses = 0, {}
         start = time.perf_counter()
         for i in range(count):
-            minibatch: dict[str, dict[str, torch.Tensor]] = {}
+            minibatch = {}
             for mid, cols in columns.items():
-                plan = plans[mid]
-                idx = torch.from_numpy(plan[i % len(plan)]).to(next(iter(cols.values())).device)
+                idx = plans[mid][i % len(plans[mid])]
                 minibatch[mid] = {k: v.index_select(0, idx) for k, v in cols.items()}
-                rows[mid] += int(idx.numel())
-            env_rows += max(int(next(iter(b.values())).shape[0]) for b in minibatch.values())
-            last = i == count - 1
-            loss_per_module = self._rayrl_minibatch(minibatch, quiet=not last)
+                rows[mid] += len(idx)
+            env_rows += max(len(plans[mid][i % len(plans[mid])]) for mid in columns)
+            losses = self._rayrl_minibatch(minibatch, quiet=i < count - 1)
         self._metrics_learner_inner_update.observe((time.perf_counter() - start) / max(1, count))
         self._rayrl_log_trained(rows, env_rows, count)
-        for mid, loss in loss_per_module.items():
-            self.metrics.log_value(key=(mid, self.TOTAL_LOSS_KEY), value=loss, window=1)
+        return losses
 
-    def _rayrl_rllib_loop(self, batch: Any, kwargs: dict, timesteps: dict) -> Any:
+    def _rayrl_rllib_loop(self, batch: Any, kwargs: dict) -> dict:
         """RLlib's minibatch iterator over a batch the lean loop cannot slice (metrics as RLlib's)."""
         from ray.rllib.core.learner.training_data import TrainingData
 
@@ -183,30 +183,23 @@ class LeanUpdateMixin(_LearnerBase):
             minibatch_size=kwargs.get("minibatch_size"),
             shuffle_batch_per_epoch=bool(kwargs.get("shuffle_batch_per_epoch")),
         )
-        loss_per_module: dict = {}
+        losses: dict = {}
         for tensor_minibatch in batch_iter:
-            loss_per_module = self._rayrl_minibatch(tensor_minibatch.policy_batches, quiet=False)
+            losses = self._rayrl_minibatch(tensor_minibatch.policy_batches, quiet=False)
             self._log_metrics(batch=tensor_minibatch)
             self._log_steps_trained_metrics(tensor_minibatch)
             self._set_slicing_by_batch_id(tensor_minibatch, value=False)
-        for mid, loss in loss_per_module.items():
-            self.metrics.log_value(key=(mid, self.TOTAL_LOSS_KEY), value=loss, window=1)
-        self.after_gradient_based_update(timesteps=timesteps)
-        if not kwargs.get("_no_metrics_reduce"):
-            return self.metrics.reduce()
-        return None
+        return losses
 
     def _rayrl_minibatch(self, minibatch: dict, *, quiet: bool) -> dict:
         """One minibatch through RLlib's ``_update``; a quiet one logs nothing."""
         metrics: Any = self.metrics
-        self._rayrl_quiet = quiet
         if quiet:
             self.metrics = _MUTED
         try:
             _, loss_per_module, _ = self._update(minibatch)
         finally:
             self.metrics = metrics
-            self._rayrl_quiet = False
         return loss_per_module
 
     def _rayrl_log_trained(self, rows: dict[str, int], env_rows: int, minibatches: int) -> None:

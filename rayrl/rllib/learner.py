@@ -45,6 +45,8 @@ OPTIMIZER_STEPS = "rayrl_optimizer_steps"  #: optimizer steps applied this itera
 CLIP_PARAM = "rayrl_clip_param"  #: PPO's clip after the anneal's latest step (only with algo.clip_final)
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: how each step outcome adds up in results: per iteration, or over the run's life
+_TALLY_REDUCE = {OPTIMIZER_STEPS: "sum", OVERFLOW_STEPS: "lifetime_sum", NONFINITE_STEPS: "lifetime_sum"}
 logger = logging.getLogger(__name__)
 
 
@@ -194,9 +196,6 @@ def check_precision(mode: str, device: torch.device | str) -> torch.dtype | None
 class RayrlTorchLearnerMixin(_LearnerBase):
     """Put in front of an RLlib Torch learner; replaces its per-minibatch update (see module doc)."""
 
-    #: set by rayrl.rllib.lean_update for a minibatch whose metrics nobody keeps
-    _rayrl_quiet = False
-
     # ---- set-up ---------------------------------------------------------------------------------
 
     def build(self) -> None:
@@ -262,8 +261,7 @@ class RayrlTorchLearnerMixin(_LearnerBase):
     def _uncompiled_update(self, batch: dict, **kwargs: Any) -> tuple[Any, Any, Any]:
         """Forward + loss under autocast, backward of loss / K; every K-th minibatch one step."""
         s = self.rayrl
-        if not self._rayrl_quiet:
-            self._compute_off_policyness(batch)
+        self._compute_off_policyness(batch)  # logged to nothing in lean_update's quiet minibatches
         with contextlib.ExitStack() as stack:
             if self._rayrl_ddp:
                 # Gradients are averaged once per optimizer step in _rayrl_step, not per backward.
@@ -318,7 +316,7 @@ class RayrlTorchLearnerMixin(_LearnerBase):
     def _rayrl_flush(self) -> None:
         """Log this update's step outcomes (sums) and last norm/scale once."""
         for key, value in self._rayrl_tally.items():
-            self.metrics.log_value(key, value, reduce="sum" if key[1] == OPTIMIZER_STEPS else "lifetime_sum")
+            self.metrics.log_value(key, value, reduce=_TALLY_REDUCE[key[1]])
         for key, last in self._rayrl_last.items():
             self.metrics.log_value(key, last, window=1)
         self._rayrl_tally.clear()
@@ -425,7 +423,7 @@ class RayrlTorchLearnerMixin(_LearnerBase):
         # Every rank takes the same decision; only rank 0 counts, so the sum over learners is right.
         if self._rayrl_rank != 0:
             return
-        for key in (OPTIMIZER_STEPS, OVERFLOW_STEPS, NONFINITE_STEPS):
+        for key in _TALLY_REDUCE:
             self._rayrl_tally[(module_id, key)] += int(key == outcome)
 
     def _rayrl_message(self, module_id: str, loss_ok: bool, norm: float) -> str:

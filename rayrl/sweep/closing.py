@@ -11,15 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from rayrl import runfolder
+from rayrl.observe import keys
 
 TOP_TRIALS = 5
-
-
-def _num(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -29,7 +23,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _fmt(value: Any, spec: str) -> str:
-    v = _num(value)
+    v = keys.number(value)
     return format(v, spec) if math.isfinite(v) else "-"
 
 
@@ -96,7 +90,7 @@ def closing_summary(summary: dict, ladder: list[Any], trials: list[dict], run_di
     if best:
         ret = _fmt(best.get("episode_return_mean"), ".1f")
         how = " (confirmed on fresh seeds)" if best.get("confirmed") else " (search only, not confirmed)"
-        out.append(f"best: batch {best['batch_size']} lr {_num(best['lr']):.2e}, return {ret}{how}")
+        out.append(f"best: batch {best['batch_size']} lr {keys.number(best['lr']):.2e}, return {ret}{how}")
         out.append(f"  config: {run_dir / runfolder.BEST_CONFIG}")
         out.append(f"  train it: rayrl train --config {run_dir / runfolder.BEST_CONFIG}")
     out.append(
