@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from rayrl.errors import SpecError
-from rayrl.spec import preflight
+from rayrl.spec import preflight, space
 from rayrl.spec.schema import MOVED, Spec, is_section
 
 # ---------------------------------------------------------------------------------------------
@@ -171,6 +171,7 @@ def validate(spec: Spec) -> None:
             "the local learner takes 0 or 1 GPU."
         )
     check_recipe(spec)
+    space.check(spec, _convert)
     preflight.check_conv_filters(spec.model.conv_filters)
     preflight.check_env(spec.env.id)
     preflight.check_backend(spec.env)

@@ -332,6 +332,13 @@ class SearchSpec:
         "wins; cost in usd (the cost section's prices), wall_s or env_steps",
         choices=OBJECTIVES,
     )
+    space: dict = doc(
+        {},
+        "more fields for the search to vary beside batch and lr: dotted algo.* or model.* names "
+        "mapped to {low: L, high: H} (log: true for log-uniform; integers for an integer field) or "
+        "{choices: [...]}, e.g. {algo.gamma: {low: 0.95, high: 0.999}, algo.epochs: {choices: [4, 10, 20]}}; "
+        "trials.csv and confirm.csv gain a column per field, best_config.yaml takes the winner's values",
+    )
 
 
 @dataclass(frozen=True)

@@ -31,14 +31,15 @@ from rayrl.spec import OBJECTIVES
 SEED_STRIDE = 1000  #: confirmation seeds are phase seed + k x this: far from the env seeds RLlib derives
 
 
-def top_configs(trials: Iterable[dict], k: int) -> list[dict]:
-    """The ``k`` best distinct (batch size, lr) configs of the search, best first."""
+def top_configs(trials: Iterable[dict], k: int, columns: Sequence[str] = ()) -> list[dict]:
+    """The ``k`` best distinct configs of the search, best first: distinct in batch size, lr and the
+    searched fields' ``columns`` (search.space)."""
     out: list[dict] = []
     seen: set[tuple] = set()
     for t in rank_trials(trials):
         if len(out) >= k:
             break
-        key = (int(t["batch_size"]), float(t["lr"]))
+        key = (int(t["batch_size"]), float(t["lr"]), *(str(t.get(c)) for c in columns))
         if key not in seen:
             seen.add(key)
             out.append(t)
@@ -49,17 +50,22 @@ def top_configs(trials: Iterable[dict], k: int) -> list[dict]:
 BASELINE_ID = "spec"
 
 
-def with_baseline(candidates: Sequence[dict], batch_size: int, lr: float) -> list[dict]:
-    """``candidates`` plus the spec's own (batch size, lr) last, unless one of them already is it.
+def with_baseline(candidates: Sequence[dict], batch_size: int, lr: float, own: dict | None = None) -> list[dict]:
+    """``candidates`` plus the spec's own config last (its batch size, lr and ``own``: its values of the
+    searched fields, by column), unless one of them already is it.
 
     Why: the top searched configs won single noisy runs; without the starting point on the same
     fresh seeds, the sweep can ship a config slower than the one it started from.
     """
+    own = dict(own or {})
     out = list(candidates)
     if not any(
-        int(c["batch_size"]) == int(batch_size) and math.isclose(float(c["lr"]), float(lr), rel_tol=1e-9) for c in out
+        int(c["batch_size"]) == int(batch_size)
+        and math.isclose(float(c["lr"]), float(lr), rel_tol=1e-9)
+        and all(str(c.get(col)) == str(value) for col, value in own.items())
+        for c in out
     ):
-        out.append({"trial_id": BASELINE_ID, "batch_size": int(batch_size), "lr": float(lr)})
+        out.append({"trial_id": BASELINE_ID, "batch_size": int(batch_size), "lr": float(lr), **own})
     return out
 
 

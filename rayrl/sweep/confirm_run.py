@@ -14,17 +14,20 @@ from typing import Any
 
 from ray import tune
 from ray.tune import Stopper
-from ray.tune.search.basic_variant import BasicVariantGenerator
+from ray.tune.search import ConcurrencyLimiter
 
 from rayrl import runfolder, runtime
 from rayrl.observe import keys
 from rayrl.observe.cost import TrialResources, trial_cost
-from rayrl.spec import CostSpec, SearchSpec, Spec, scaled_lr, schedule
+from rayrl.spec import CostSpec, SearchSpec, Spec, scaled_lr, schedule, space
 from rayrl.sweep import confirm as rules
-from rayrl.sweep import ladder as doubling
-from rayrl.sweep.phases import concurrency, finite
+from rayrl.sweep.phases import concurrency, finite, space_columns
+from rayrl.sweep.search import PlannedRuns, config_delta, with_values
 from rayrl.tune import resources
 from rayrl.tune.tuner import analysis, base_params, make_tuner
+
+#: a confirmation run's candidate rank, carried in its config so the stopper and confirm.csv find it
+CANDIDATE_KEY = "rayrl_candidate"
 
 
 def costs(result: dict, held: TrialResources, prices: CostSpec) -> dict[str, float]:
@@ -36,15 +39,6 @@ def costs(result: dict, held: TrialResources, prices: CostSpec) -> dict[str, flo
         "wall_s": wall,
         "usd": trial_cost(held, wall, prices),
     }
-
-
-def distinct(values: Any) -> list:
-    """The distinct values, sorted (an annealed lr is a list of points: not hashable, still ordered)."""
-    out: list = []
-    for v in values:
-        if v not in out:
-            out.append(v)
-    return sorted(out)
 
 
 def confirm_budget(search: SearchSpec) -> int:
@@ -64,13 +58,14 @@ def confirm(spec: Spec, paths: runtime.RunPaths, trials: list[dict]) -> tuple[li
         runs = runfolder.read_confirm(done)
         print(f"[sweep] confirm already finished ({len(runs)} runs in {done}); not repeating it", flush=True)
     else:
-        candidates = rules.top_configs(trials, s.confirm_top_k)
+        candidates = rules.top_configs(trials, s.confirm_top_k, space_columns(spec))
         if not candidates:
             return [], 0
         if s.confirm_baseline:
-            candidates = rules.with_baseline(candidates, spec.algo.train_batch_per_learner, spec.algo.lr)
+            own = {col: space.cell(value) for col, value in zip(space_columns(spec), space.own_values(spec).values())}
+            candidates = rules.with_baseline(candidates, spec.algo.train_batch_per_learner, spec.algo.lr, own)
         runs = run_confirm(spec, paths, candidates, rules.fresh_seeds(spec.seed, s.confirm_seeds))
-        runfolder.write_csv(paths, runfolder.CONFIRM, runfolder.CONFIRM_COLUMNS, runs)
+        runfolder.write_csv(paths, runfolder.CONFIRM, runfolder.CONFIRM_COLUMNS + space_columns(spec), runs)
     return runs, int(sum(float(r["env_steps"] or 0) for r in runs))
 
 
@@ -81,19 +76,24 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
     points: list[dict[str, Any]] = []
     plan = []
     for rank, c in enumerate(candidates, 1):
+        batch = int(c["batch_size"])
+        values = candidate_values(c, spec)
+        # the same config the search ran: the lr annealed as the spec anneals it, the searched fields
+        # mapped by the one adapter (rayrl.sweep.search.config_delta)
+        fixed = {
+            "lr": schedule.lr(
+                a.lr,
+                a.lr_final,
+                scaled_lr(c["lr"], spec.resources.learners, spec.resources.lr_scaling),
+                spec.stop.env_steps,
+            ),
+            "train_batch_size_per_learner": batch,
+            "minibatch_size": with_values(spec, values, batch).algo.minibatch_size,
+            **(config_delta(spec, values, batch) if values else {}),
+            CANDIDATE_KEY: rank,
+        }
         for seed in seeds:
-            points.append(
-                {
-                    # A constant lr: Tune reads a list value in a preset point as nested keys and
-                    # fails, so an annealed spec's confirmation runs do not anneal (docs/workloads.md).
-                    "lr": scaled_lr(c["lr"], spec.resources.learners, spec.resources.lr_scaling),
-                    "train_batch_size_per_learner": int(c["batch_size"]),
-                    "seed": seed,
-                    "minibatch_size": doubling.minibatch_for(
-                        int(c["batch_size"]), a.train_batch_per_learner, a.minibatch_size
-                    ),
-                }
-            )
+            points.append({**fixed, "seed": seed})
             plan.append((rank, c))
     print(
         f"[sweep] confirm: {len(candidates)} configs x seeds {seeds}, up to {confirm_budget(s):,} env "
@@ -116,16 +116,15 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
         prices=spec.cost,
         race=s.confirm_race,
     )
-    params = base_params(spec)  # the varied keys as choices, so Tune sees each point as a valid pick
-    params.update({k: tune.choice(distinct(p[k] for p in points)) for k in points[0]})
     tuner = make_tuner(
         spec,
         paths,
         phase=runfolder.CONFIRM_PHASE,
-        param_space=params,
+        param_space=base_params(spec),
         tune_config=tune.TuneConfig(
-            # The generator's own limit: Tune ignores max_concurrent_trials for a SearchGenerator (it warns).
-            search_alg=BasicVariantGenerator(points_to_evaluate=points, max_concurrent=concurrency(spec)),
+            # A searcher's suggestion is merged key by key into the spec's config, so a list value (an
+            # annealed lr, hidden sizes) stays whole; preset points of a variant generator cannot take one.
+            search_alg=ConcurrencyLimiter(PlannedRuns(points), max_concurrent=concurrency(spec)),
             num_samples=len(points),
         ),
         stop=stop,
@@ -145,6 +144,7 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
         reached = runfolder.reached(ret, spec.stop.episode_return)  # an error after reaching keeps the reach
         rows.append(
             {
+                **{col: c.get(col) for col in space_columns(spec)},
                 "candidate": rank,
                 "phase2_trial_id": c["trial_id"],
                 "batch_size": batch,
@@ -160,6 +160,11 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
             }
         )
     return sorted(rows, key=lambda r: (r["candidate"], r["seed"]))
+
+
+def candidate_values(candidate: dict, spec: Spec) -> dict[str, Any]:
+    """A candidate's search.space values (field -> value), read from its trials.csv cells."""
+    return {f: space.parse_cell(candidate.get(col)) for f, col in space.columns(list(spec.search.space)).items()}
 
 
 class ConfirmStopper(Stopper):
@@ -196,8 +201,10 @@ class ConfirmStopper(Stopper):
 
     def which(self, config: dict) -> tuple[int, int]:
         """(candidate rank, seed) of the planned run a trial's config is."""
-        batch, lr = keys.config_batch_lr(config)
         seed = int(config["seed"])
+        if CANDIDATE_KEY in config:
+            return int(config[CANDIDATE_KEY]), seed
+        batch, lr = keys.config_batch_lr(config)  # a confirmation started before runs carried their rank
         for c, b, plr, s in self.points:
             if b == int(batch) and s == seed and math.isclose(plr, float(lr), rel_tol=1e-9):
                 return c, s

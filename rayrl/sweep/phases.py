@@ -14,7 +14,7 @@ from ray import tune
 
 from rayrl import runfolder, runtime
 from rayrl.observe import keys
-from rayrl.spec import Spec
+from rayrl.spec import Spec, space
 from rayrl.sweep import ladder as doubling
 from rayrl.sweep.search import DoublingSearcher, phase2_tune_config
 from rayrl.tune import resources
@@ -82,7 +82,7 @@ def search(spec: Spec, paths: runtime.RunPaths, batches: list[int]) -> tuple[lis
     )
     tuner.fit()
     trials = [trial_row(t, spec) for t in analysis(paths, runfolder.SEARCH).trials]
-    runfolder.write_csv(paths, runfolder.TRIALS, runfolder.TRIALS_COLUMNS, trials)
+    runfolder.write_csv(paths, runfolder.TRIALS, runfolder.TRIALS_COLUMNS + space_columns(spec), trials)
     return trials, sum(int(t["env_steps"] or 0) for t in trials)
 
 
@@ -114,7 +114,19 @@ def trial_row(trial: Any, spec: Spec) -> dict:
         "env_steps": steps,
         "status": status,
         "episode_return_mean": finite(ret),
+        **searched_cells(trial.config, spec),
     }
+
+
+def space_columns(spec: Spec) -> tuple[str, ...]:
+    """trials.csv's and confirm.csv's columns for the fields of search.space, in the spec's order."""
+    return tuple(space.columns(list(spec.search.space)).values())
+
+
+def searched_cells(config: dict, spec: Spec) -> dict:
+    """A trial's searched values (search.space) as CSV cells under their columns."""
+    names = space.columns(list(spec.search.space))
+    return {col: space.cell(config.get(space.PARAM_PREFIX + f)) for f, col in names.items()}
 
 
 def finite(value: Any) -> float | None:

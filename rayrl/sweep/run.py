@@ -18,6 +18,7 @@ from rayrl.sweep import confirm as rules
 from rayrl.sweep import confirm_run, phases
 from rayrl.sweep import ladder as doubling
 from rayrl.sweep.config import SAFE_CAP, SweepError
+from rayrl.sweep.search import with_values
 from rayrl.tune import resources
 
 log = logging.getLogger("rayrl.sweep")
@@ -75,17 +76,8 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
     }
     paths.write_json(runfolder.SUMMARY, summary)
     if best is not None:
-        best_spec = spec_mod.replace(
-            spec,
-            name=f"{paths.name}-best",
-            algo={
-                "lr": best["lr"],
-                "train_batch_per_learner": best["batch_size"],
-                "minibatch_size": doubling.minibatch_for(
-                    best["batch_size"], spec.algo.train_batch_per_learner, spec.algo.minibatch_size
-                ),
-            },
-        )
+        trained = with_values(spec, confirm_run.candidate_values(best, spec), int(best["batch_size"]))
+        best_spec = spec_mod.replace(trained, name=f"{paths.name}-best", algo={"lr": best["lr"]})
         paths.write_text(runfolder.BEST_CONFIG, spec_mod.dumps(best_spec))
     return summary
 
@@ -97,16 +89,19 @@ def choose(spec: Spec, trials: list[dict], runs: list[dict]) -> tuple[dict | Non
         if not ranked:
             return None, None
         top = ranked[0]
-        return {k: top[k] for k in ("trial_id", "batch_size", "lr", "episode_return_mean", "env_steps")}, None
+        keep = ("trial_id", "batch_size", "lr", "episode_return_mean", "env_steps", *phases.space_columns(spec))
+        return {k: top[k] for k in keep}, None
     s = spec.search
     table = rules.summarise(runs, s.objective, seed=spec.seed)
     chosen = rules.choose(table)
     if chosen is None:
         return None, None
+    row = next(r for r in runs if int(r["candidate"]) == int(chosen["candidate"]))
     best = {
         "trial_id": chosen["phase2_trial_id"],
         "batch_size": chosen["batch_size"],
         "lr": chosen["lr"],
+        **{col: row.get(col) for col in phases.space_columns(spec)},
         "episode_return_mean": rules.json_safe(chosen["median_return"]),
         "env_steps": rules.json_safe(chosen["median_env_steps"]),
         "confirmed": True,

@@ -1,19 +1,34 @@
-"""Tune-side search: the doubling rule as a Searcher (the ladder); ASHA/HyperBand + Optuna (the search)."""
+"""Tune-side search: the doubling rule as a Searcher (the ladder); ASHA/HyperBand + Optuna (the search);
+the confirmation's planned runs as a Searcher."""
 
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
 from typing import Any
 
 from ray.tune.search import Searcher
 
+from rayrl import spec as spec_mod
 from rayrl.observe import keys
 from rayrl.runfolder import LadderRow
-from rayrl.spec import Spec, scaled_lr, schedule
+from rayrl.spec import Spec, scaled_lr, schedule, space
 from rayrl.sweep import ladder
 
 
-class DoublingSearcher(Searcher):
+class PickledSearcher(Searcher):
+    """A searcher whose whole state is one pickle, saved with the experiment so a resumed phase goes on."""
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(self.__dict__, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            self.__dict__.update(pickle.load(f))
+
+
+class DoublingSearcher(PickledSearcher):
     """Proposes one rung at a time and reads its throughput, so the ladder is an ordinary Tune run.
 
     A rung's figure is the median env steps/s of its measured iterations after warm-up
@@ -64,23 +79,39 @@ class DoublingSearcher(Searcher):
         sps = None if error else ladder.rung_throughput(series, self.warmup, self.measure)
         self.rungs.append(ladder.Rung(batch, sps))
 
-    def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump(self.__dict__, f)
-
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as f:
-            self.__dict__.update(pickle.load(f))
+        super().restore(checkpoint_path)
         # A rung that was running when the driver died is measured again from scratch.
         self.pending.clear()
 
 
+class PlannedRuns(PickledSearcher):
+    """The confirmation's planned runs, handed to Tune one by one in order, then FINISHED.
+
+    State (the next run) is saved with the experiment, so a resumed confirmation plans no run twice.
+    """
+
+    def __init__(self, points: Sequence[dict]) -> None:
+        super().__init__()
+        self.points, self.next = [dict(p) for p in points], 0
+
+    def suggest(self, trial_id: str) -> dict | str | None:
+        if self.next >= len(self.points):
+            return Searcher.FINISHED
+        self.next += 1
+        return dict(self.points[self.next - 1])
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        pass
+
+
 class Phase2Space:
     """Optuna define-by-run space: lr log-uniform, batch from the admissible ladder and the sizes below its
-    start (rayrl.sweep.ladder.search_batches).
+    start (rayrl.sweep.ladder.search_batches), and the fields of ``search.space``.
 
-    Returns the RLlib config keys as constants so the minibatch follows the batch and the lr
-    follows the declared scaling rule. A class (not a closure) so Tune can pickle the searcher.
+    Returns the RLlib config keys as constants so the minibatch follows the batch, the lr follows the
+    declared scaling rule, and a searched spec field reaches RLlib through the one adapter that maps
+    the spec (:func:`config_delta`). A class (not a closure) so Tune can pickle the searcher.
     """
 
     def __init__(self, spec: Spec, ladder: list[int]) -> None:
@@ -89,15 +120,52 @@ class Phase2Space:
         self.base_batch, self.base_minibatch = a.train_batch_per_learner, a.minibatch_size
         self.learners, self.lr_scaling = r.learners, r.lr_scaling
         self.lr0, self.lr_final, self.horizon = a.lr, a.lr_final, spec.stop.env_steps
+        self.spec, self.dims = spec, space.dims(spec)
 
     def __call__(self, trial: Any) -> dict:
         lr = trial.suggest_float("rayrl_lr", self.lr_min, self.lr_max, log=True)
         batch = trial.suggest_categorical("rayrl_batch", self.ladder)
-        return {
+        out = {
             "lr": schedule.lr(self.lr0, self.lr_final, scaled_lr(lr, self.learners, self.lr_scaling), self.horizon),
             "train_batch_size_per_learner": batch,
             "minibatch_size": ladder.minibatch_for(batch, self.base_batch, self.base_minibatch),
         }
+        values = {d.field: d.suggest(trial) for d in self.dims}
+        if "algo.minibatch_size" in values:  # at most the batch: the value the trial trains with is recorded
+            values["algo.minibatch_size"] = min(int(values["algo.minibatch_size"]), batch)
+        if values:
+            out.update(config_delta(self.spec, values, batch))
+            out.update({space.PARAM_PREFIX + f: v for f, v in values.items()})  # lists decoded, not Optuna's JSON
+        return out
+
+
+def with_values(spec: Spec, values: dict[str, Any], batch: int) -> Spec:
+    """The spec a trial of ``values`` (search.space fields) at ``batch`` trains: the minibatch follows the
+    batch as the ladder's rule says, or is the searched one, at most the batch."""
+    changes = space.sections(values)
+    algo = changes.setdefault("algo", {})
+    algo["minibatch_size"] = min(
+        int(
+            algo.get("minibatch_size")
+            or ladder.minibatch_for(batch, spec.algo.train_batch_per_learner, spec.algo.minibatch_size)
+        ),
+        batch,
+    )
+    algo["train_batch_per_learner"] = batch
+    return spec_mod.replace(spec, **changes)
+
+
+def config_delta(spec: Spec, values: dict[str, Any], batch: int) -> dict:
+    """The RLlib config keys that ``values`` change at ``batch``: build_config of the spec with and
+    without them, compared key by key (so each field maps to RLlib in one place, rayrl.rllib.algo)."""
+    from rayrl.rllib.algo import build_config
+
+    base = build_config(with_values(spec, {}, batch)).to_dict()
+    new = build_config(with_values(spec, values, batch)).to_dict()
+    # repr as well as ==: a connector factory is a new functools.partial per build, equal in all but identity
+    return {
+        k: v for k, v in new.items() if k != "lr" and (k not in base or (base[k] != v and repr(base[k]) != repr(v)))
+    }
 
 
 def phase2_tune_config(spec: Spec, ladder: list[int], max_concurrent: int) -> Any:
