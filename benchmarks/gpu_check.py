@@ -297,12 +297,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows: list[tuple[str, str, str, str]] = []
     C.say(f"gpu_check: {gpus} x {report['gpu']}; NVML sampling, fp32/bf16/fp16 learners, {learners} NCCL learner(s)")
-    idle, busy = check_nvml(args.load_s)
-    report["nvml"] = {"idle": idle, "busy": busy}
-    rows.append(nvml_row(idle, busy, args.load_s))
-    report["precision"] = measure_precision("cuda", args)
-    rows += precision_rows(report["precision"], "cuda")
+    # One private Ray for every stage: building a learner with a GPU asks Ray's runtime context for its
+    # device, which starts a default Ray of its own when none is running (found on the first GPU run:
+    # the NCCL stage's ray.init then failed with "called ray.init twice").
     with C.local_ray(num_cpus=os.cpu_count() or 2, torch_threads=None):
+        idle, busy = check_nvml(args.load_s)
+        report["nvml"] = {"idle": idle, "busy": busy}
+        rows.append(nvml_row(idle, busy, args.load_s))
+        report["precision"] = measure_precision("cuda", args)
+        rows += precision_rows(report["precision"], "cuda")
+        torch.cuda.empty_cache()
         report["nccl"] = run_learners(args, learners)
     rows += nccl_rows(report["nccl"])
     report["rows"] = rows

@@ -23,6 +23,22 @@ RAY = str(Path(sys.executable).parent / "ray")
 os.environ.setdefault("RAYRL_DASHBOARD", "0")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def storage_key(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path | None]:
+    """One checkpoint signing key for the whole session (rayrl.security.signing), as a cluster has one:
+    without it the key is the Ray token in ~/.ray/auth_token, which tests that give a run a fresh HOME
+    (a machine with no local copy) would lose with the rest of that machine."""
+    if os.environ.get("RAYRL_STORAGE_KEY_FILE"):
+        yield None
+        return
+    key = tmp_path_factory.mktemp("signing") / "storage.key"
+    key.write_bytes(os.urandom(32).hex().encode())
+    key.chmod(0o600)
+    os.environ["RAYRL_STORAGE_KEY_FILE"] = str(key)
+    yield key
+    os.environ.pop("RAYRL_STORAGE_KEY_FILE", None)
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A local Ray with 2 CPUs shared by the in-process tests of one module.

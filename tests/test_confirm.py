@@ -232,14 +232,20 @@ def test_report_and_plot_show_every_seed_and_the_interval(tmp_path):
 
 
 def _race_choice(
-    true: dict[tuple[int, int], float], returns: dict[tuple[int, int], float], seeds: list[int], race: bool
+    true: dict[tuple[int, int], float],
+    returns: dict[tuple[int, int], float],
+    seeds: list[int],
+    race: bool,
+    tie: float = 0.0,
 ) -> tuple[int, float]:
     """Run every (candidate, seed) in candidate-major order, cost rising by 1 per result, to its true cost
     (inf: never reaches; stops at a budget of 100); a run that reached returns ``returns[c, s]``, one cut
     short its partial return. The choice is the real one: confirm.csv rows through summarise and choose.
     Returns (chosen candidate, total cost spent)."""
     cands = sorted({c for c, _ in true})
-    r = confirm.Race(cands, seeds)
+    # the last candidate is the spec's own config (confirm_baseline), weighted by the tie allowance
+    pid = {c: confirm.BASELINE_ID if c == cands[-1] else f"p{c}" for c in cands}
+    r = confirm.Race(cands, seeds, confirm.weights([{"trial_id": pid[c]} for c in cands], tie))
     rows, spent = [], 0.0
     for c in cands:
         for s in seeds:
@@ -259,7 +265,7 @@ def _race_choice(
             rows.append(
                 {
                     "candidate": c,
-                    "phase2_trial_id": f"p{c}",
+                    "phase2_trial_id": pid[c],
                     "batch_size": 256,
                     "lr": 1e-3 * c,
                     "seed": s,
@@ -268,7 +274,7 @@ def _race_choice(
                     "episode_return_mean": ret,
                 }
             )
-    return confirm.choose(confirm.summarise(rows, "env_steps"))["candidate"], spent
+    return confirm.choose(confirm.summarise(rows, "env_steps"), tie)["candidate"], spent
 
 
 @pytest.mark.parametrize("n_seeds", [1, 2, 3, 4, 5])
@@ -277,7 +283,7 @@ def test_the_race_chooses_what_the_full_confirmation_chooses_and_spends_less(n_s
     """``grid``: costs on a coarse grid (env steps fall on batch multiples), so medians often tie."""
     rng = np.random.default_rng(n_seeds + 10 * grid)
     seeds = [1000 * (i + 1) for i in range(n_seeds)]
-    saved, ties = [], 0
+    saved, ties, by_tie = [], 0, 0
     for _ in range(120):
         k = int(rng.integers(2, 6))
         true, returns = {}, {}
@@ -287,8 +293,10 @@ def test_the_race_chooses_what_the_full_confirmation_chooses_and_spends_less(n_s
                 noisy = float(rng.choice([8.0, 16.0, 24.0])) if grid else float(np.ceil(scale * rng.lognormal(0, 0.5)))
                 true[(c, s)] = math.inf if rng.random() < 0.2 else noisy
                 returns[(c, s)] = float(rng.uniform(450, 500))
-        full, full_cost = _race_choice(true, returns, seeds, race=False)
-        raced, raced_cost = _race_choice(true, returns, seeds, race=True)
+        tie = float(rng.choice([0.0, 0.1, 0.5]))  # the spec's own config (the last) ties within this
+        full, full_cost = _race_choice(true, returns, seeds, race=False, tie=tie)
+        raced, raced_cost = _race_choice(true, returns, seeds, race=True, tie=tie)
+        by_tie += full == k and tie > 0 and confirm.choose(_table(true, seeds, k), 0.0)["candidate"] != k
         medians = [float(np.median([true[(c, s)] for s in seeds])) for c in range(1, k + 1)]
         ties += math.isfinite(min(medians)) and medians.count(min(medians)) > 1
         assert raced == full, (true, full, raced)
@@ -298,6 +306,44 @@ def test_the_race_chooses_what_the_full_confirmation_chooses_and_spends_less(n_s
         assert np.mean(saved) > 0.10  # the point of the race: the losers' runs are cut short
     if grid:
         assert ties >= 10  # the tie cases are really there
+    if n_seeds >= 3:
+        assert by_tie >= 3  # the spec's own config won by the tie allowance, raced and in full
+
+
+def _table(true: dict[tuple[int, int], float], seeds: list[int], k: int) -> list[dict]:
+    """summarise's rows for a full confirmation of ``true`` costs (last candidate: the spec's own)."""
+    rows = [
+        {
+            "candidate": c,
+            "phase2_trial_id": confirm.BASELINE_ID if c == k else f"p{c}",
+            "batch_size": 256,
+            "lr": 1e-3,
+            "seed": s,
+            "env_steps": true[(c, s)] if math.isfinite(true[(c, s)]) else 100.0,
+            "reached": math.isfinite(true[(c, s)]),
+            "episode_return_mean": 480.0,
+        }
+        for c in range(1, k + 1)
+        for s in seeds
+    ]
+    return confirm.summarise(rows, "env_steps")
+
+
+def test_the_spec_ships_when_the_best_searched_config_is_within_the_tie_allowance():
+    seeds = [1, 2, 3]
+    near = {(1, s): 95.0 for s in seeds} | {(2, s): 100.0 for s in seeds}  # searched 5% cheaper
+    assert confirm.choose(_table(near, seeds, 2), 0.1)["phase2_trial_id"] == confirm.BASELINE_ID
+    assert confirm.choose(_table(near, seeds, 2), 0.0)["candidate"] == 1
+    far = {(1, s): 80.0 for s in seeds} | {(2, s): 100.0 for s in seeds}  # 20% cheaper: it ships
+    assert confirm.choose(_table(far, seeds, 2), 0.1)["candidate"] == 1
+    # within noise: the spec's median inside the winner's 95% interval
+    spread = {(1, 1): 60.0, (1, 2): 80.0, (1, 3): 120.0} | {(2, s): 100.0 for s in seeds}
+    table = _table(spread, seeds, 2)
+    chosen = confirm.choose(table, 0.1)
+    assert chosen["candidate"] == 1 and confirm.within_noise(chosen, table[1]) is True
+    far_table = _table(far, seeds, 2)
+    assert confirm.within_noise(far_table[0], far_table[1]) is False
+    assert confirm.within_noise(chosen, None) is None
 
 
 def test_the_race_stops_a_run_past_the_best_median_and_skips_a_config_that_cannot_win():

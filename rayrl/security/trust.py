@@ -4,7 +4,9 @@
 folder, and `env.id` imports code: write access to a run folder (or its bucket) is code execution
 for whoever resumes it. So a local run folder must be a real directory owned by the user running
 rayrl and writable by no one else, and names carry no control characters (a NUL or an escape in a
-name breaks paths, logs and terminals). docs/security.md states the whole boundary.
+name breaks paths, logs and terminals). The tier-1 checkpoint folder (``checkpoint.local_dir``), which
+restore prefers over storage, gets the same check on each trial's node. docs/security.md states the
+whole boundary.
 """
 
 from __future__ import annotations
@@ -62,4 +64,37 @@ def check_run_dir(run_dir: Path, allow_shared: bool = False) -> None:
             f"--storage/--name: the run folder {str(run_dir)!r} is writable by {who} (mode "
             f"{stat.S_IMODE(st.st_mode):o}); anyone who can write it can make rayrl run code. "
             f"`chmod go-w {run_dir}`, or pass {ALLOW_FLAG} if the folder is shared on purpose."
+        )
+
+
+def check_tier1_dir(folder: Path) -> None:
+    """The run folder's check for the tier-1 checkpoint folder (``checkpoint.local_dir`` on this node)
+    and each trial's folder in it, before a checkpoint is written there or restored from there.
+
+    No opt-out: tier 1 is a node-local cache, so there is no reason to share it; a team folder is
+    chosen with ``checkpoint.local_dir``.
+    """
+    where = f"checkpoint.local_dir: the tier-1 checkpoint folder {str(folder)!r}"
+    try:
+        st = os.lstat(folder)
+    except (FileNotFoundError, NotADirectoryError):  # not made yet: save() makes it, as this user
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise SpecError(
+            f"{where} is a symbolic link (to {os.readlink(folder)!r}); rayrl never follows one, since whoever "
+            "controls the link chooses what restore unpickles. Set checkpoint.local_dir to the real folder."
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise SpecError(f"{where} exists and is not a folder; set checkpoint.local_dir to a folder.")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise SpecError(
+            f"{where} belongs to user id {st.st_uid}, not to you ({os.getuid()}); restoring from it would "
+            "unpickle what that user put there. Set checkpoint.local_dir to a folder of your own."
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "everyone" if st.st_mode & stat.S_IWOTH else "its group"
+        raise SpecError(
+            f"{where} is writable by {who} (mode {stat.S_IMODE(st.st_mode):o}); anyone who can write it can "
+            f"replace a checkpoint that restore then unpickles. `chmod go-w {folder}`, or set "
+            "checkpoint.local_dir to a folder of your own."
         )

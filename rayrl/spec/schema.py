@@ -319,6 +319,13 @@ class SearchSpec:
         "start no more runs of it: the same choice, the losers cost less "
         "(confirm.csv's stopped: race)",
     )
+    confirm_tie: float = doc(
+        0.1,
+        "confirmation: a searched config ships instead of the spec's own only when its median cost is "
+        "more than this fraction lower; within it they tie and the simpler one (the starting point) "
+        "ships; 0: the lowest median wins",
+        ge=0.0,
+    )
     confirm_env_steps: int | None = doc(
         None,
         "confirmation: budget per run, env steps (a run stops at "

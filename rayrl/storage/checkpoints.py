@@ -11,6 +11,14 @@ restore side. Restore verifies: it prefers an intact local copy, else downloads 
 copy, and when the registered (newest)
 checkpoint is corrupt or incomplete it takes the newest good one instead, logs it and records it
 as ``rayrl_restore_fallback-*.json`` in the trial folder.
+
+Restore is also the trust boundary for storage (docs/security.md): before a copy is loaded, the tier-1
+folder must pass the run folder's ownership/mode/symlink check, and the copy's manifest must carry a
+MAC made with this node's key (`rayrl.security.signing`). A copy whose MAC is missing or made with
+another key is refused like a corrupt one (an older checkpoint that verifies is taken instead), unless
+the user opted out (``RAYRL_ALLOW_UNSIGNED_STORAGE=1``); one whose MAC is wrong under the right key
+was tampered with and is refused even then. When nothing verifies and a signature was among the
+reasons, restore fails with :class:`UntrustedCheckpoint` instead of starting fresh.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rayrl.security import signing, trust
 from rayrl.storage import manifest
 
 log = logging.getLogger("rayrl.checkpoints")
@@ -47,6 +56,10 @@ class TierSettings:
     tiered: bool = True
     keep: int = 3
     preempt_grace_s: float = 25.0
+    #: the driver's RAYRL_STORAGE_KEY_FILE (a path, read on each trial's node); "" = the node's own
+    key_file: str = ""
+    #: the driver's RAYRL_ALLOW_UNSIGNED_STORAGE=1, carried to every trial
+    allow_unsigned: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,6 +99,22 @@ def local_root(settings: TierSettings, trial_fs_path: str) -> Path:
     return tier1_dir(settings.local_dir) / f"{posixpath.basename(trial_fs_path)}-{digest}"
 
 
+def trusted_root(settings: TierSettings, trial_fs_path: str) -> Path:
+    """:func:`local_root`, after the tier-1 folder and the trial's folder in it passed the run folder's
+    trust check (no symlink, owned by this user, writable by no one else); SpecError otherwise."""
+    root = local_root(settings, trial_fs_path)
+    trust.check_tier1_dir(root.parent)
+    trust.check_tier1_dir(root)
+    return root
+
+
+def make_root(root: Path) -> None:
+    """Create a trial's tier-1 folder and the tier-1 folder above it, mode 700: under any umask they
+    pass :func:`trusted_root`'s check, and other users cannot read the checkpoints."""
+    root.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    root.mkdir(mode=0o700, exist_ok=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Restore: the newest checkpoint that verifies
 
@@ -94,12 +123,46 @@ class NoIntactCheckpoint(RuntimeError):
     """Checkpoints with manifests exist, and none of them (local or in storage) verifies."""
 
 
+class UntrustedCheckpoint(RuntimeError):
+    """No checkpoint verifies and at least one was refused for its signature: the trial must not start
+    fresh over it (a wrong key is fixed by the user, and starting over would discard the run)."""
+
+
 @dataclass
 class Choice:
     path: Path  #: a verified local folder to load
     meta: dict  #: its manifest's metadata (iteration, time, env steps)
     rejected: list  #: [(checkpoint name, why)] newer ones that did not verify
     downloaded_bytes: int = 0  #: > 0: tier 1 had no intact copy, this one came from storage
+    unverified: str = ""  #: why its signature did not verify, when the user's opt-out let it load
+
+
+class _Trust:
+    """One restore's key and opt-out; judges each copy's manifest and keeps the first refusal's paragraph."""
+
+    def __init__(self, settings: TierSettings) -> None:
+        self.key = signing.load(settings.key_file)
+        self.allow = signing.allowed_unsigned(settings.allow_unsigned)
+        self.refusal = ""  #: the paragraph for the newest copy refused for its signature
+
+    def refused(self, checkpoint: str, man: dict) -> str | None:
+        """None when ``man`` may be loaded (after its hashes), else why not, in a few words."""
+        verdict = signing.check(man, self.key)
+        if verdict == signing.OK or (self.allow and verdict != signing.TAMPERED):
+            return None
+        self.refusal = self.refusal or signing.refusal(checkpoint, verdict, man, self.key)
+        return signing.reason(verdict, man, self.key)
+
+    def unverified(self, man: dict) -> str:
+        verdict = signing.check(man, self.key)
+        return "" if verdict == signing.OK else signing.reason(verdict, man, self.key)
+
+
+def _only_listed(folder: Path, man: dict) -> None:
+    """Remove what the (verified) manifest does not cover: only signed bytes are loaded."""
+    for path in manifest.unlisted(folder, man):
+        log.warning("%s: not in the checkpoint's manifest; removed before restore", path)
+        path.unlink()
 
 
 def _indices(fs: Any, trial_fs_path: str, root: Path) -> set[int]:
@@ -115,13 +178,15 @@ def _indices(fs: Any, trial_fs_path: str, root: Path) -> set[int]:
 
 
 def choose(fs: Any, registered: str, settings: TierSettings) -> Choice | None:
-    """The newest intact checkpoint at or before ``registered`` (local copy first, then storage).
+    """The newest intact, signed checkpoint at or before ``registered`` (local copy first, then storage).
 
-    None when no checkpoint of the trial has a manifest at all (made before rayrl wrote them):
-    the caller restores the registered one as Tune would.
+    None when no checkpoint of the trial has a manifest at all (made before rayrl wrote them, or
+    never uploaded): the caller decides (see :func:`unmanifested`). Raises SpecError when the tier-1
+    folder fails the trust check, UntrustedCheckpoint or NoIntactCheckpoint when nothing verifies.
     """
     trial_fs_path, name = posixpath.split(registered.rstrip("/"))
-    root = local_root(settings, trial_fs_path)
+    root = trusted_root(settings, trial_fs_path)
+    judge = _Trust(settings)
     newest = int(name[11:]) if name.startswith("checkpoint_") and name[11:].isdigit() else None
     indices = sorted((i for i in _indices(fs, trial_fs_path, root) if newest is None or i <= newest), reverse=True)
     rejected: list[tuple[str, str]] = []
@@ -132,33 +197,59 @@ def choose(fs: Any, registered: str, settings: TierSettings) -> Choice | None:
         remote_man, local_man = remote_manifest(fs, remote), manifest.read(local)
         any_manifest |= remote_man is not None or local_man is not None
         if local_man is not None and (remote_man is None or manifest.same_content(local_man, remote_man)):
-            found = manifest.problems(local, local_man)
+            why = judge.refused(f"{ckpt} (tier-1 copy in {root})", local_man)
+            found = [why] if why else manifest.problems(local, local_man)
             if not found:
-                return Choice(local, manifest.meta(local_man), rejected)
+                _only_listed(local, local_man)
+                return Choice(local, manifest.meta(local_man), rejected, unverified=judge.unverified(local_man))
             rejected.append((ckpt, f"local copy: {found[0]}"))
         if remote_man is None:
             rejected.append((ckpt, "storage copy: no manifest (upload incomplete or never made)"))
             continue
+        why = judge.refused(f"{ckpt} (storage copy in {trial_fs_path})", remote_man)
+        if why:  # not even downloaded
+            rejected.append((ckpt, f"storage copy: {why}"))
+            continue
         staging = root / (ckpt + ".download")
+        make_root(root)
         try:
             download(fs, remote, staging)
         except OSError as exc:
             rejected.append((ckpt, f"storage copy: download failed ({exc})"))
             continue
-        found = manifest.problems(staging)
-        if found:
+        # Judge the manifest that came down with the files: storage may have changed since the read above.
+        staged_man = manifest.read(staging)
+        why = None if staged_man is None else judge.refused(f"{ckpt} (storage copy in {trial_fs_path})", staged_man)
+        found = [why] if why else manifest.problems(staging, staged_man)
+        if found or staged_man is None:
             rejected.append((ckpt, f"storage copy: {found[0]}"))
             shutil.rmtree(staging, ignore_errors=True)
             continue
+        _only_listed(staging, staged_man)
         shutil.rmtree(local, ignore_errors=True)
         staging.rename(local)
         size = sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
-        return Choice(local, manifest.meta(remote_man), rejected, downloaded_bytes=size)
+        return Choice(
+            local, manifest.meta(staged_man), rejected, downloaded_bytes=size, unverified=judge.unverified(staged_man)
+        )
     if not any_manifest:
         return None
-    raise NoIntactCheckpoint(
-        f"no intact checkpoint in {trial_fs_path} at or before {name}: "
-        + "; ".join(f"{c}: {why}" for c, why in rejected)
+    tried = "; ".join(f"{c}: {why}" for c, why in rejected)
+    if judge.refusal:
+        raise UntrustedCheckpoint(f"{judge.refusal} Checkpoints tried in {trial_fs_path}: {tried}")
+    raise NoIntactCheckpoint(f"no intact checkpoint in {trial_fs_path} at or before {name}: {tried}")
+
+
+def unmanifested(registered: str, settings: TierSettings) -> str | None:
+    """The paragraph that refuses a checkpoint with no manifest anywhere (Tune's own restore would
+    unpickle it unverified), or None when the user opted out of signed storage."""
+    if signing.allowed_unsigned(settings.allow_unsigned):
+        return None
+    return (
+        f"{registered} has no {manifest.NAME} in storage or tier 1, so nothing proves who wrote it "
+        "(written before rayrl signed its checkpoints, an upload cut short, or put there by someone else); "
+        "rayrl unpickles checkpoints and loads only signed ones (docs/security.md). If you trust everyone "
+        f"who can write this storage, set {signing.ALLOW_ENV}=1 for this run to restore it as Tune would."
     )
 
 
@@ -192,12 +283,16 @@ def record_fallback(fs: Any, trial_fs_path: str, registered: str, choice: Choice
         "rejected": [{"checkpoint": c, "why": why} for c, why in choice.rejected],
     }
     log.warning(
-        "checkpoint %s is not intact (%s); restored %s instead",
+        "checkpoint %s is not intact or not signed (%s); restored %s instead",
         event["registered"],
         "; ".join(f"{c}: {w}" for c, w in choice.rejected),
         event["restored"],
     )
-    print(f"[rayrl] checkpoint {event['registered']} is not intact; restored {event['restored']} instead", flush=True)
+    print(
+        f"[rayrl] checkpoint {event['registered']} is not intact or not signed ({choice.rejected[0][1]}); "
+        f"restored {event['restored']} instead",
+        flush=True,
+    )
     _record(fs, trial_fs_path, FALLBACK_PREFIX, event)
     return event
 

@@ -3,7 +3,9 @@
 A checkpoint folder is complete and intact exactly when its manifest exists and every file it lists
 has that size and hash. Written last (locally and on upload), a manifest's presence means every
 file before it landed; its hashes catch bytes flipped afterwards (a bad disk, a torn object-store
-upload). Pure file functions, no Ray.
+upload). Hashes prove integrity, not authorship: ``write`` also signs the manifest with this
+node's key (`rayrl.security.signing`: a MAC over ``files`` and ``meta``, and the key's id), and restore
+loads only what verifies. Pure file functions, no Ray.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from rayrl.security import signing
 
 NAME = "rayrl_manifest.json"
 VERSION = 1
@@ -35,12 +39,20 @@ def build(folder: Path, meta: dict | None = None) -> dict:
     return {"version": VERSION, "files": files, "meta": dict(meta or {})}
 
 
-def write(folder: Path, meta: dict | None = None) -> dict:
-    """Hash ``folder`` and write its manifest last, atomically (temp, fsync, rename)."""
-    manifest = build(folder, meta)
+def write(folder: Path, meta: dict | None = None, key: signing.Key | None | Literal["env"] = "env") -> dict:
+    """Hash ``folder`` and write its manifest last, atomically (temp, fsync, rename), signed with ``key``.
+
+    ``key``: "env" signs with this node's key (``signing.load()``: RAYRL_STORAGE_KEY_FILE, else the
+    Ray token); None writes it unsigned. The MAC covers the JSON as it will be read back (``meta``
+    values JSON cannot hold are written as strings, as before).
+    """
+    manifest = json.loads(json.dumps(build(folder, meta), default=str))
+    key = signing.load() if key == "env" else key
+    if key is not None:
+        manifest = signing.sign(manifest, key)
     tmp = folder / (NAME + ".tmp")
     with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1, default=str)
+        json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(folder / NAME)
@@ -73,6 +85,13 @@ def problems(folder: Path, manifest: dict | None = None) -> list[str]:
         elif sha256(path) != want.get("sha256"):
             found.append(f"{rel}: sha256 differs from the manifest")
     return found
+
+
+def unlisted(folder: Path, manifest: dict) -> list[Path]:
+    """Files in ``folder`` its manifest does not list (the manifest itself aside): not covered by
+    its hashes or MAC, so restore removes them before anything is loaded."""
+    listed = set(manifest["files"]) | {NAME}
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() not in listed)
 
 
 def same_content(a: dict | None, b: dict | None) -> bool:

@@ -176,10 +176,14 @@ class Race:
     cost so far) is above B cannot win, and its runs stop at their next result. Plain data, no Ray.
     """
 
-    def __init__(self, candidates: Iterable[int], seeds: Sequence[int]) -> None:
+    def __init__(
+        self, candidates: Iterable[int], seeds: Sequence[int], weights: dict[int, float] | None = None
+    ) -> None:
         self.seeds = list(seeds)
-        #: candidate -> seed -> [cost so far, finished, cost if finished (inf: missed or censored)]
+        #: candidate -> seed -> [cost so far, finished, cost if finished (inf: missed or censored)], weighted
         self.runs: dict[int, dict[int, list]] = {c: {s: [0.0, False, math.inf] for s in self.seeds} for c in candidates}
+        #: candidate -> the factor its costs count with (the spec's own: 1 / (1 + search.confirm_tie), as in choose)
+        self.weights = {c: float(w) for c, w in (weights or {}).items()}
 
     def _threshold(self, bound: float) -> float:
         return bound if len(self.seeds) % 2 else 2 * bound
@@ -197,6 +201,7 @@ class Race:
 
     def finish(self, candidate: int, seed: int, cost: float) -> None:
         """A run ended: ``cost`` to the target, or infinity (budget, censored, error)."""
+        cost *= self.weights.get(candidate, 1.0)
         run = self.runs[candidate][seed]
         run[0], run[1], run[2] = (cost if math.isfinite(cost) else run[0]), True, cost
 
@@ -206,15 +211,19 @@ class Race:
 
     def why_stop(self, candidate: int, seed: int, cost: float) -> str | None:
         """Record a running run's cost so far; the rule that stops it (a phrase), or None to go on."""
+        weight = self.weights.get(candidate, 1.0)
         run = self.runs[candidate][seed]
-        run[0] = max(run[0], float(cost))
+        run[0] = max(run[0], float(cost) * weight)
         bound = self.bound()
         if not math.isfinite(bound):
             return None
         threshold = self._threshold(bound)
         if run[0] > threshold:
             twice = " (twice the best median: an even seed count averages two runs)" if threshold != bound else ""
-            return f"this run passed {threshold:.6g}{twice}, so it cannot be in its config's lower half"
+            tied = (
+                f" (the spec's own config: {threshold:.6g} with search.confirm_tie's allowance)" if weight != 1 else ""
+            )
+            return f"this run passed {threshold / weight:.6g}{twice}{tied}, so it cannot be in its config's lower half"
         if self.lowest_median(candidate) > bound:
             return f"its config's median can no longer beat the best median so far ({bound:.6g})"
         return None
@@ -235,22 +244,43 @@ def stop_reason(reached: bool, errored: bool, env_steps: float | None, budget: f
     return "race"
 
 
-def choose(candidates: Sequence[dict]) -> dict | None:
-    """The confirmed config: the lowest median cost; a tie at a finite median goes to the better search
-    rank; when no median is finite (none reached the target on more than half its seeds), to the higher
-    median return, then the rank.
+def choose(candidates: Sequence[dict], tie: float = 0.0) -> dict | None:
+    """The confirmed config: the lowest median cost, the spec's own config's median counted as
+    ``1 / (1 + tie)`` of itself (search.confirm_tie: a searched config must be more than that fraction
+    cheaper to ship instead of the starting point; within it they tie and the simpler one ships); a tie
+    at a finite median goes to the better search rank; when no median is finite (none reached the target
+    on more than half its seeds), to the higher median return, then the rank.
 
     Why returns break only the no-winner tie: the race censors runs above the best median, which lowers
     their returns but changes no median at or below it, so a tie broken by returns could differ between
     the race and a full confirmation; the rank cannot. The race never censors while no median is
-    finite, so the no-winner tie-break sees whole runs.
+    finite, so the no-winner tie-break sees whole runs. The race weighs the spec's costs the same way
+    (:func:`weights`), so it keeps this choice.
     """
     if not candidates:
         return None
     ret = lambda c: c["median_return"] if math.isfinite(c["median_return"]) else -math.inf  # noqa: E731
     if any(math.isfinite(c["median"]) for c in candidates):
-        return min(candidates, key=lambda c: (c["median"], c["candidate"]))
+        return min(candidates, key=lambda c: (c["median"] * weight(c, tie), c["candidate"]))
     return min(candidates, key=lambda c: (-ret(c), c["candidate"]))
+
+
+def weight(candidate: dict, tie: float) -> float:
+    """The factor a candidate's costs count with: the spec's own config's ``1 / (1 + tie)``, others 1."""
+    return 1.0 / (1.0 + tie) if candidate.get("phase2_trial_id") == BASELINE_ID else 1.0
+
+
+def weights(candidates: Sequence[dict], tie: float) -> dict[int, float]:
+    """Race weights by candidate rank (1-based, as confirm.csv numbers them)."""
+    return {rank: weight({"phase2_trial_id": c.get("trial_id")}, tie) for rank, c in enumerate(candidates, 1)}
+
+
+def within_noise(chosen: dict, own: dict | None) -> bool | None:
+    """Whether the spec's own config's median lies inside the chosen config's 95% interval (None when
+    either is not known or the spec's own is the choice): a winner that close may be luck of the seeds."""
+    if own is None or own is chosen or not math.isfinite(own["median"]) or not math.isfinite(chosen["median"]):
+        return None
+    return bool(chosen["ci_low"] <= own["median"] <= chosen["ci_high"])
 
 
 def json_safe(value: float) -> float | None:

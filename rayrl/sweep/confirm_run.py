@@ -115,6 +115,7 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
         held=held,
         prices=spec.cost,
         race=s.confirm_race,
+        weights=rules.weights(candidates, s.confirm_tie),
     )
     tuner = make_tuner(
         spec,
@@ -183,9 +184,10 @@ class ConfirmStopper(Stopper):
         held: TrialResources,
         prices: CostSpec,
         race: bool = True,
+        weights: dict[int, float] | None = None,
     ) -> None:
         self.points = [(int(c), int(b), float(lr), int(s)) for c, b, lr, s in points]
-        self.race = rules.Race(sorted({p[0] for p in self.points}), seeds) if race else None
+        self.race = rules.Race(sorted({p[0] for p in self.points}), seeds, weights) if race else None
         self.objective, self.return_key, self.target, self.budget = objective, return_key, target, float(budget)
         self.held, self.prices = held, prices
 

@@ -93,9 +93,11 @@ def choose(spec: Spec, trials: list[dict], runs: list[dict]) -> tuple[dict | Non
         return {k: top[k] for k in keep}, None
     s = spec.search
     table = rules.summarise(runs, s.objective, seed=spec.seed)
-    chosen = rules.choose(table)
+    chosen = rules.choose(table, s.confirm_tie)
     if chosen is None:
         return None, None
+    own = next((c for c in table if c["phase2_trial_id"] == rules.BASELINE_ID), None)
+    lowest = rules.choose(table)  # without the tie allowance: did it change the choice?
     row = next(r for r in runs if int(r["candidate"]) == int(chosen["candidate"]))
     best = {
         "trial_id": chosen["phase2_trial_id"],
@@ -120,8 +122,24 @@ def choose(spec: Spec, trials: list[dict], runs: list[dict]) -> tuple[dict | Non
         "race": s.confirm_race,
         "runs_cut_by_race": sum(r.get("stopped") == "race" for r in runs),
         "candidates": [rules.jsonable(c) for c in table],
+        "tie": s.confirm_tie,
+        "spec_won_by_tie": lowest is not chosen,
+        "spec_within_noise": rules.within_noise(chosen, own),
     }
     _explain(chosen, s.objective)
+    if lowest is not chosen and lowest is not None:
+        print(
+            f"[sweep] confirm: the best searched config (candidate {lowest['candidate']}, median "
+            f"{lowest['median']:.4g}) is not more than search.confirm_tie={s.confirm_tie:g} cheaper than the spec's "
+            f"own ({chosen['median']:.4g}): they tie, and the starting point ships",
+            flush=True,
+        )
+    elif own is not None and summary["spec_within_noise"]:
+        print(
+            f"[sweep] confirm: the spec's own config's median ({own['median']:.4g}) lies inside the chosen "
+            f"config's 95% interval: the difference may be the seeds' luck (more search.confirm_seeds would tell)",
+            flush=True,
+        )
     return best, summary
 
 

@@ -8,12 +8,14 @@ ask for a checkpoint after a SIGTERM); see `rayrl.storage.checkpoints` for why.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import shutil
 import time
 from typing import TYPE_CHECKING, Any
 
 from rayrl.faults.preemption import TrialPreemption
+from rayrl.security import signing
 from rayrl.storage import checkpoints as ck
 from rayrl.storage import manifest, upload
 
@@ -80,13 +82,22 @@ class TieredCheckpoints(_Trainable):
         metrics = dict(self._last_result or {})
         storage._update_checkpoint_index(metrics)
         dest = storage.checkpoint_fs_path
-        root = ck.local_root(self._rayrl_tier, storage.trial_fs_path)
+        root = ck.trusted_root(self._rayrl_tier, storage.trial_fs_path)
         local = root / posixpath.basename(dest)
         shutil.rmtree(local, ignore_errors=True)
-        local.mkdir(parents=True)
+        ck.make_root(root)
+        local.mkdir()
         if self.save_checkpoint(str(local)) not in (None, str(local)):
             raise TypeError("rayrl's tiered checkpoints need save_checkpoint to write into its folder")
-        manifest.write(local, {k: metrics[k] for k in ck.META_KEYS if k in metrics})
+        key = signing.load(self._rayrl_tier.key_file)
+        if key is None and not getattr(self, "_rayrl_warned_unsigned", False):
+            self._rayrl_warned_unsigned = True
+            print(
+                "[rayrl] no checkpoint signing key on this node (no RAYRL_STORAGE_KEY_FILE, no Ray auth token): "
+                f"checkpoints are written unsigned, and a restore refuses them unless {signing.ALLOW_ENV}=1",
+                flush=True,
+            )
+        manifest.write(local, {k: metrics[k] for k in ck.META_KEYS if k in metrics}, key=key)
         preempted = self._rayrl_preempt.requested
         if preempted or not self._rayrl_tier.tiered:
             self._rayrl_uploader.drain(DRAIN_S if not preempted else self._rayrl_tier.preempt_grace_s)
@@ -130,6 +141,11 @@ class TieredCheckpoints(_Trainable):
         registered = checkpoint_path.checkpoint
         try:
             choice = ck.choose(registered.filesystem, registered.path, self._rayrl_tier)
+        except ck.UntrustedCheckpoint as exc:
+            # A wrong key or a tampered checkpoint: fail (the trial's error names the fix) rather than
+            # start over on top of a run the user can resume once the key is right.
+            print(f"[rayrl] {exc}", flush=True)
+            raise
         except ck.NoIntactCheckpoint as exc:
             # Every copy is broken or missing: a restore would fail the same way on every retry.
             print(f"[rayrl] {exc}; the trial starts fresh from iteration 0", flush=True)
@@ -145,8 +161,18 @@ class TieredCheckpoints(_Trainable):
             )
             self._rayrl_events = {"restarted_fresh": 1}
             return None
-        if choice is None:  # no manifests: a checkpoint from before rayrl wrote them
+        if choice is None:  # no manifests: a checkpoint from before rayrl wrote them (or not rayrl's)
+            refused = ck.unmanifested(registered.path, self._rayrl_tier)
+            if refused:
+                print(f"[rayrl] {refused}", flush=True)
+                raise ck.UntrustedCheckpoint(refused)
             return super().restore(checkpoint_path)
+        if choice.unverified:
+            print(
+                f"[rayrl] restoring {choice.path.name} without a verified signature ({choice.unverified}), "
+                f"as {signing.ALLOW_ENV}=1 allows",
+                flush=True,
+            )
         metrics = dict(checkpoint_path.metrics)
         if choice.rejected:
             event = ck.record_fallback(
@@ -181,6 +207,19 @@ def tiered_trainable(base: type, settings: ck.TierSettings) -> type:
 
 
 def settings_for(spec: Any) -> ck.TierSettings:
-    """Tier settings from a Spec's checkpoint section."""
+    """Tier settings from a Spec's checkpoint section, and this (the driver's) process's signing choices:
+    RAYRL_STORAGE_KEY_FILE and RAYRL_ALLOW_UNSIGNED_STORAGE travel with the trainable to every trial's
+    node (a trial's own environment counts only where the driver set neither). A named key file is
+    read here once, so a wrong path is an error before any trial starts."""
     c = spec.checkpoint
-    return ck.TierSettings(local_dir=c.local_dir, tiered=c.tiered, keep=c.keep, preempt_grace_s=c.preempt_grace_s)
+    key_file = os.environ.get(signing.KEY_FILE_ENV, "")
+    if key_file:
+        signing.load(key_file)
+    return ck.TierSettings(
+        local_dir=c.local_dir,
+        tiered=c.tiered,
+        keep=c.keep,
+        preempt_grace_s=c.preempt_grace_s,
+        key_file=key_file,
+        allow_unsigned=signing.allowed_unsigned(),
+    )
