@@ -227,9 +227,13 @@ def test_table_and_json_helpers():
 
 # ---- slow: each script's quick mode -------------------------------------------------------------
 
-#: The fast runner's sampling goal is 2x RLlib's runner and 70% of the bare loop; the test keeps a margin
-#: for a busy 2-core machine, and still fails if the fast path is no faster than RLlib's.
-MIN_FAST_OVER_RLLIB, MIN_FAST_OVER_LIMIT, MIN_E2E_OVER_RLLIB = 1.5, 0.5, 1.15
+
+#: End to end, rayrl over stock RLlib at equal settings: the goal is 1.6x (benchmarks/throughput.py GOALS), and
+#: the one run of this test on 2026-12-04 measured 1.35x (--quick, one round, CartPole batch 2048, on the shared
+#: 2-core machine while a full test suite ran beside it, load average 3-7), so the goal is NOT met there and the
+#: test asserts the 1.15x that run cleared. Sampling alone met its goals in that run (2.90x RLlib's runner, 2.64x
+#: its sync runner, 0.80 of the bare loop), so those are asserted at the goals. Raise this to the goal once met.
+E2E_OVER_RLLIB_ASSERTED = 1.15
 
 
 @pytest.mark.slow
@@ -252,12 +256,19 @@ def test_throughput_quick_fast_path_beats_rllib_at_equal_settings(tmp_path):
         report["rayrl_rllib_runner_sps"],
     )
     assert report["limit_envs"] == 8 and report["limit_best_sps"] >= report["limit_sps"]
+    # The goals the benchmark reports (benchmarks/throughput.py GOALS, by env and batch), asserted as is.
+    goals = load("throughput").goals_for(report["env_id"], report["rayrl_spec"]["batch"])
+    assert {k: g["goal"] for k, g in report["goals"].items()} == goals
     # Sampling alone, same config, weights and env, in one process: measured, not recomputed.
-    assert report["fast_over_rllib_runner"] >= MIN_FAST_OVER_RLLIB, report["fast_over_rllib_runner"]
-    assert report["fast_over_rllib_runner_sync"] >= MIN_FAST_OVER_RLLIB, report["fast_over_rllib_runner_sync"]
-    assert report["fast_over_limit"] >= MIN_FAST_OVER_LIMIT, report["fast_over_limit"]
-    # End to end (sampling + learning), equal settings: rayrl with the fast runner beats stock RLlib.
-    assert report["rayrl_over_rllib_same_settings"] >= MIN_E2E_OVER_RLLIB, report["round_medians"]
+    sampling = goals["fast_over_rllib_runner"]  # against RLlib's runner, async and sync alike
+    assert report["fast_over_rllib_runner"] >= sampling, report["fast_over_rllib_runner"]
+    assert report["fast_over_rllib_runner_sync"] >= sampling, report["fast_over_rllib_runner_sync"]
+    assert report["fast_over_limit"] >= goals["fast_over_limit"], report["fast_over_limit"]
+    # End to end (sampling + learning), equal settings: rayrl with the fast runner beats stock RLlib (below its
+    # goal: see E2E_OVER_RLLIB_ASSERTED).
+    e2e = report["rayrl_over_rllib_same_settings"]
+    assert E2E_OVER_RLLIB_ASSERTED < goals["rayrl_over_rllib_same_settings"] == 1.6
+    assert e2e >= E2E_OVER_RLLIB_ASSERTED, (e2e, report["round_medians"])
     # Nothing that learns, or runs through Ray, beats the bare loop at the same env count.
     for name in ("rllib_same_settings", "rayrl", "rayrl_rllib_runner", "rllib_runner"):
         assert report[f"{name}_sps"] < report["limit_sps"], name

@@ -341,6 +341,49 @@ LAUNCHER_VARIANTS = [
         lambda c: c["available_node_types"]["gpu.a3"]["node_config"].pop("serviceAccounts"),
         "available_node_types.gpu.a3.node_config.serviceAccounts",
     ),
+    # Public IPs on AWS (rayrl/cluster/exposure.py): every node type's one interface says no, and Ray
+    # reaches the nodes over private IPs.
+    (
+        "aws-default-nic-public-ip",
+        "gpu.yaml",
+        lambda c: c["available_node_types"]["gpu.p5.spot"]["node_config"].pop("NetworkInterfaces"),
+        "available_node_types.gpu.p5.spot.node_config.NetworkInterfaces",
+    ),
+    (
+        "aws-nic-public-ip",
+        "gpu.yaml",
+        lambda c: c["available_node_types"]["gpu.p4de"]["node_config"].__setitem__(
+            "NetworkInterfaces",
+            [
+                {
+                    **c["available_node_types"]["gpu.p4de"]["node_config"]["NetworkInterfaces"][0],
+                    "AssociatePublicIpAddress": True,
+                }
+            ],
+        ),
+        "available_node_types.gpu.p4de.node_config.NetworkInterfaces[0].AssociatePublicIpAddress",
+    ),
+    (
+        "aws-nic-public-ip-left-to-the-subnet",
+        "gpu.yaml",
+        lambda c: c["available_node_types"]["head.g6e"]["node_config"].__setitem__(
+            "NetworkInterfaces",
+            [
+                {
+                    k: v
+                    for k, v in c["available_node_types"]["head.g6e"]["node_config"]["NetworkInterfaces"][0].items()
+                    if k != "AssociatePublicIpAddress"
+                }
+            ],
+        ),
+        "available_node_types.head.g6e.node_config.NetworkInterfaces[0].AssociatePublicIpAddress",
+    ),
+    (
+        "aws-external-ips-used",
+        "gpu.yaml",
+        lambda c: c["provider"].pop("use_internal_ips"),
+        "provider.use_internal_ips",
+    ),
 ]
 
 

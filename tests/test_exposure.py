@@ -31,6 +31,19 @@ def _policy(docs: list[dict]) -> dict:
     return next(d for d in docs if d["kind"] == "NetworkPolicy")
 
 
+def _redis_policy(docs: list[dict]) -> dict:
+    """The NetworkPolicy of the GCS's Redis: the one that selects pods other than the Ray cluster's."""
+    return next(
+        d
+        for d in docs
+        if d["kind"] == "NetworkPolicy" and "rayrl.io/cluster" not in d["spec"]["podSelector"]["matchLabels"]
+    )
+
+
+def _redis_source(docs: list[dict]) -> dict:
+    return _redis_policy(docs)["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+
+
 def _start(key: str, old: str, new: str) -> Callable[[list[dict]], None]:
     def mutate(docs: list[dict]) -> None:
         docs[0][key] = [c.replace(old, new) for c in docs[0][key]]
@@ -84,6 +97,32 @@ VARIANTS = [
         lambda d: d[0]["provider"].pop("use_internal_ips"),
         "provider.use_internal_ips",
     ),
+    (
+        "aws-public-ip",
+        "gpu.yaml",
+        lambda d: d[0]["available_node_types"]["gpu.p5"]["node_config"].__setitem__(
+            "NetworkInterfaces",
+            [
+                {
+                    **d[0]["available_node_types"]["gpu.p5"]["node_config"]["NetworkInterfaces"][0],
+                    "AssociatePublicIpAddress": True,
+                }
+            ],
+        ),
+        "available_node_types.gpu.p5.node_config.NetworkInterfaces[0].AssociatePublicIpAddress",
+    ),
+    (
+        "aws-subnet-beside-the-nic",
+        "gpu.yaml",
+        lambda d: d[0]["available_node_types"]["gpu.p5"]["node_config"].__setitem__("SubnetIds", ["subnet-public"]),
+        "available_node_types.gpu.p5.node_config.SubnetIds",
+    ),
+    (
+        "aws-external-ips-used",
+        "gpu.yaml",
+        lambda d: d[0]["provider"].__setitem__("use_internal_ips", False),
+        "provider.use_internal_ips",
+    ),
     # KubeRay: NetworkPolicy, pod labels, securityContext, GCS fault tolerance, RayJob retries
     ("no-network-policy", "kuberay/raycluster.yaml", lambda d: d.remove(_policy(d)), "NetworkPolicy"),
     (
@@ -102,6 +141,31 @@ VARIANTS = [
         "policy-selects-other-pods",
         "kuberay/raycluster.yaml",
         lambda d: _policy(d)["spec"]["podSelector"]["matchLabels"].__setitem__("rayrl.io/cluster", "other"),
+        "NetworkPolicy",
+    ),
+    # the GCS's Redis: only the cluster's head reaches it
+    ("no-redis-policy", "kuberay/raycluster.yaml", lambda d: d.remove(_redis_policy(d)), "NetworkPolicy"),
+    (
+        "redis-admits-every-ray-pod",
+        "kuberay/rayjob.yaml",
+        lambda d: _redis_source(d).pop("ray.io/node-type"),
+        "spec.ingress[0]",
+    ),
+    (
+        "redis-admits-a-namespace",
+        "kuberay/raycluster.yaml",
+        lambda d: _redis_policy(d)["spec"]["ingress"].append(
+            {
+                "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "default"}}}],
+                "ports": [{"protocol": "TCP", "port": 6379}],
+            }
+        ),
+        "spec.ingress[1]",
+    ),
+    (
+        "redis-admits-another-cluster-only",
+        "kuberay/raycluster.yaml",
+        lambda d: _redis_source(d).__setitem__("rayrl.io/cluster", "other"),
         "NetworkPolicy",
     ),
     (
@@ -178,6 +242,20 @@ def test_reverting_one_hardening_step_fails_validation_naming_the_key(
     path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
     problems = cluster.validate_file(path)
     assert any(f" {key}:" in p or f": {key}" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("file", ["kuberay/raycluster.yaml", "kuberay/rayjob.yaml"])
+def test_a_cluster_whose_redis_any_pod_reaches_is_refused_in_one_paragraph(tmp_path: Path, file: str) -> None:
+    docs = _docs(file)
+    name = next(d for d in docs if d["kind"] in ("RayCluster", "RayJob"))["metadata"]["name"]
+    assert _redis_source(docs) == {"rayrl.io/cluster": name, "ray.io/node-type": "head"}
+    assert [p["port"] for p in _redis_policy(docs)["spec"]["ingress"][0]["ports"]] == [6379]
+    docs.remove(_redis_policy(docs))
+    path = tmp_path / Path(file).name
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    (problem,) = cluster.validate_file(path)
+    assert "gcsFaultToleranceOptions.redisAddress" in problem and "port 6379" in problem, problem
+    assert f"rayrl.io/cluster: {name}, ray.io/node-type: head" in problem and "rayrl-redis" in problem, problem
 
 
 def test_validate_help_lists_the_exposure_rules() -> None:

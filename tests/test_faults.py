@@ -27,8 +27,11 @@ from conftest import ROOT, subprocess_env
 from rayrl import spec as S
 from rayrl.faults import harness as drill_harness
 from rayrl.faults import restore
+from rayrl.faults.storage_drill import KEEP as STORAGE_DRILL_KEEP
 from rayrl.judge import acceptance, evaluation, folder, report
 from rayrl.observe import keys
+from rayrl.storage import checkpoints as ck
+from rayrl.storage import manifest
 
 pytestmark = pytest.mark.slow
 
@@ -212,15 +215,21 @@ def test_driver_death_of_rayrl_train_resumes_from_a_checkpoint(drilled):
 
 
 def test_storage_refusing_uploads_does_not_stall_training_and_every_checkpoint_lands(drilled):
+    """With keep 2, as users keep them: Tune deletes checkpoint N - 2 when N registers and tier 1 is
+    pruned to 2, so a checkpoint pruned before it was uploaded, or an upload landing after Tune
+    deleted its folder, shows here (never_landed, stray)."""
     d = by_name(drilled, "storage")
     figure(
         f"storage refused uploads for {d['outage_s']}s: {d['results_during_outage']} iterations trained meanwhile, "
-        f"{d['upload_failures']} failed upload attempts retried; all {d['checkpoints_in_storage']} checkpoints "
-        f"intact in storage {d['recovery_s']}s after it came back"
+        f"{d['upload_failures']} failed upload attempts retried; the {len(d['checkpoints_kept'])} checkpoints Tune "
+        f"kept ({', '.join(d['checkpoints_kept'])} of {d['checkpoints_registered']} registered) intact in storage "
+        f"{d['recovery_s']}s after it came back; {d['checkpoints_in_storage']} in storage then"
     )
     assert d["outcome"] == "recovered" and 0 < d["recovery_s"] < RECOVERY_S_MAX
-    assert d["results_during_outage"] >= 2 and d["upload_failures"] >= 1
-    assert d["checkpoints_in_storage"] >= d["checkpoints_registered"] and d["corrupt"] == []
+    assert d["results_during_outage"] >= 1 and d["upload_failures"] >= 1
+    assert STORAGE_DRILL_KEEP == 2 and len(d["checkpoints_kept"]) == 2
+    assert d["checkpoints_registered"] > 2  # the outage came after pruning had started
+    assert d["never_landed"] == [] and d["corrupt"] == [] and d["stray"] == []
 
 
 def test_every_kept_checkpoint_restores_and_plays(drilled, train_run):
@@ -393,22 +402,64 @@ def test_node_death_is_survived_on_a_three_node_cluster(train_run, tmp_path):
 # A kill during a checkpoint write
 
 
-def _kill_on_new_checkpoint(proc: subprocess.Popen, trial_glob: Path, index: int, deadline: float) -> dict:
-    """SIGKILL the process group the moment checkpoint_{index:06d} appears; what it held then."""
+def _registered(exp_dir: Path) -> int | None:
+    """The index of the checkpoint Tune's newest experiment state in storage names as the trial's latest
+    (what a resume restores), or None while there is none or the state is mid-write."""
+    from ray.tune.utils.serialization import TuneFunctionDecoder
+
+    states = sorted(exp_dir.glob("experiment_state-*.json"))
+    if not states:
+        return None
+    try:
+        trial = json.loads(states[-1].read_text())["trial_data"][0]
+        # The test's own run folder: the pickled checkpoint manager inside is trusted.
+        manager = TuneFunctionDecoder(allow_cloudpickle=True).decode(trial[1])["checkpoint_manager"]
+        latest = manager.latest_checkpoint_result
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, EOFError):
+        return None
+    return None if latest is None else int(Path(latest.checkpoint.path).name[len("checkpoint_") :])
+
+
+def _kill_once_registered(proc: subprocess.Popen, exp_dir: Path, index: int, deadline: float) -> dict:
+    """SIGKILL the process group as soon as Tune's saved state registers checkpoint ``index`` or a later
+    one (its upload to storage under way or just done); which one, and its storage copy's files then."""
     while time.monotonic() < deadline and proc.poll() is None:
-        found = list(trial_glob.parent.glob(f"{trial_glob.name}/checkpoint_{index:06d}"))
-        if found:
+        registered = _registered(exp_dir)
+        if registered is not None and registered >= index:
             os.killpg(proc.pid, signal.SIGKILL)
-            files = sorted(str(p.relative_to(found[0])) for p in found[0].rglob("*") if p.is_file())
             proc.wait()
-            return {"dir": found[0], "files_at_kill": files}
-        time.sleep(0.002)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+            torn = next(exp_dir.glob("PPO_*")) / f"checkpoint_{registered:06d}"
+            files = sorted(str(p.relative_to(torn)) for p in torn.rglob("*") if p.is_file())
+            return {"dir": torn, "index": registered, "files_at_kill": files}
+        time.sleep(0.02)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     return {}
 
 
-def test_kill_during_a_checkpoint_write_leaves_a_resumable_run(tmp_path, ray_local):
+def _tear(folder: Path, files: list[str], keep_manifest: bool) -> None:
+    """Leave ``folder`` as a cut-short copy: every other file gone, the rest halved; its manifest gone
+    too (a copy cut short before the manifest, written last, landed) or kept whole (data that never
+    reached the disk under a manifest that did): only the manifest's sizes and hashes tell then."""
+    for i, rel in enumerate(files):
+        path = folder / rel
+        if rel == manifest.NAME:
+            if not keep_manifest:
+                path.unlink(missing_ok=True)
+        elif i % 2 and path.exists():
+            path.unlink()
+        elif path.exists():
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def test_kill_during_a_checkpoint_write_leaves_a_resumable_run(tmp_path, ray_local, monkeypatch):
+    """A kill while the newest checkpoint is being written, with both of its copies torn (storage and
+    the node-local tier 1), resumes from the previous intact checkpoint, and says so."""
+    # Tier 1 under this test's own RAYRL_HOME ($RAYRL_HOME/checkpoints), so the test can find and tear it;
+    # Tune's experiment state saved on every loop step, so the kill lands just after the newest is registered.
+    monkeypatch.setenv("RAYRL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "0")
     storage = tmp_path / "runs"
     cmd = [
         *TRAIN,
@@ -436,37 +487,40 @@ def test_kill_during_a_checkpoint_write_leaves_a_resumable_run(tmp_path, ray_loc
         start_new_session=True,
         cwd=ROOT,
     )
-    killed = _kill_on_new_checkpoint(first, run_dir / "tune" / "PPO_*", 3, time.monotonic() + 300)
-    assert killed, "no fourth checkpoint appeared within 300 s"
-    complete = sorted(
-        str(p.relative_to(killed["dir"].parent / "checkpoint_000002"))
-        for p in (killed["dir"].parent / "checkpoint_000002").rglob("*")
-        if p.is_file()
-    )
-    caught = len(killed["files_at_kill"]) < len(complete)
-    figure(
-        f"killed while checkpoint_000003 was being written: {len(killed['files_at_kill'])} of {len(complete)} "
-        f"files on disk ({'a torn checkpoint' if caught else 'the copy had just finished'})"
-    )
-    # Whatever the race gave, leave the torn state a kill mid-copy leaves: the newest checkpoint folder
-    # holding a prefix of its files, the rest cut short.
+    killed = _kill_once_registered(first, run_dir / "tune", 3, time.monotonic() + 300)
+    assert killed, "Tune registered no fourth checkpoint before the run ended or within 300 s"
     torn = killed["dir"]
-    for i, rel in enumerate(complete):
-        path = torn / rel
-        if i % 2 and path.exists():
-            path.unlink()
-        elif path.exists():
-            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    previous = torn.parent / f"checkpoint_{killed['index'] - 1:06d}"
+    complete = sorted(str(p.relative_to(previous)) for p in previous.rglob("*") if p.is_file())
+    assert manifest.NAME in complete, complete
+    settings = ck.TierSettings(local_dir=S.load(run_dir / "spec.yaml").checkpoint.local_dir)
+    tier1 = ck.local_root(settings, str(torn.parent)) / torn.name
+    assert str(tier1).startswith(str(tmp_path / "home")), tier1
+    assert manifest.read(tier1) is not None, f"no manifested tier-1 copy of {torn.name} at {tier1}"
+    figure(
+        f"killed once Tune registered {torn.name}: {len(killed['files_at_kill'])} of {len(complete)} files "
+        "of its storage copy on disk; its tier-1 copy complete"
+    )
+    # Whatever the race gave, leave the torn state: the storage copy cut short before its manifest, and
+    # the node-local copy with its manifest whole but its data cut short (only verification rejects it).
+    _tear(torn, complete, keep_manifest=False)
+    _tear(tier1, complete, keep_manifest=True)
+    assert manifest.problems(tier1), "the tier-1 copy was not torn"
     history = run_dir / "history.csv"
-    killed_at = int(pd.read_csv(history)[keys.ITERATION].max())
     rows_before = len(pd.read_csv(history))
 
     start = time.monotonic()
     ok(run(cmd, timeout=600))
     figure(f"the same command resumed and finished in {time.monotonic() - start:.0f}s")
+    (fallback,) = ck.fallbacks(run_dir)
+    figure(f"restore fell back: {fallback['rejected']}")
+    assert fallback["registered"] == torn.name and fallback["restored"] == previous.name
+    assert {r["checkpoint"] for r in fallback["rejected"]} == {torn.name}
+    assert [r["why"].split(":")[0] for r in fallback["rejected"]] == ["local copy", "storage copy"]
     after = pd.read_csv(history)
     first_resumed = int(after[keys.ITERATION].iloc[rows_before])
-    assert 1 < first_resumed <= killed_at + 1  # from a complete checkpoint, never from zero or the torn one
+    assert fallback["restored_iteration"] == killed["index"]  # checkpoint_00000N holds iteration N + 1
+    assert first_resumed == fallback["restored_iteration"] + 1  # from the intact one, not the torn one
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["env_steps"] >= 6144
 

@@ -1,12 +1,18 @@
-"""The storage drill: the storage refuses checkpoint uploads for a while; training must not wait, and
-every checkpoint must land, intact, once the storage is back.
+"""The storage drill: the storage refuses checkpoint uploads for a while; training goes on as far as
+the upload back-pressure lets it, and every checkpoint Tune keeps lands, intact, once the storage is back.
 
-Run on a scratch copy of the spec (tiered checkpoints, one every iteration, into a local folder
-under ``RUN_DIR/drills/storage``). After the first checkpoints the drill makes the next checkpoint
-destinations unwritable (a file where each ``checkpoint_NNNNNN`` folder would go: even root cannot
-create a folder there, as a bucket denying writes or a full disk refuses them) for ``OUTAGE_S``.
-It then clears them and times how long the pending uploads take to land (every registered
-checkpoint's manifest present in storage), and verifies every one against its manifest.
+Run on a scratch copy of the spec (tiered checkpoints, one every iteration, the newest ``KEEP`` kept
+as users keep them, into a local folder under ``RUN_DIR/drills/storage``). After the first
+checkpoints the drill makes the next checkpoint destinations unwritable (a file where each
+``checkpoint_NNNNNN`` folder would go: even root cannot create a folder there, as a bucket denying
+writes or a full disk refuses them) for ``OUTAGE_S``. With ``keep`` 2 the trainable lets at most
+``keep - 2`` = 0 uploads wait before the next checkpoint, so training trains on until its next
+checkpoint and then waits for the storage, while tier 1 is pruned to the newest ``KEEP``.
+It then clears the blockers and times how long until every checkpoint Tune kept when the storage
+came back is in storage with its manifest (a copy pruned from tier 1 before it was uploaded never
+lands: the drill fails), verifies every checkpoint in storage against its manifest, and, once
+training stopped, checks storage holds no checkpoint Tune no longer keeps (an upload that landed
+after Tune deleted its folder).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from rayrl.storage import manifest
 
 OUTAGE_S = 8.0  #: how long the storage refuses uploads
 BLOCKED = 30  #: checkpoint indices blocked ahead (more than the outage can produce)
+KEEP = 2  #: checkpoint.keep of the drill: what users keep (Tune deletes checkpoint N - KEEP when N registers)
 
 
 def storage_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
@@ -32,7 +39,7 @@ def storage_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
     dspec = dataclasses.replace(
         base,
         checkpoint=dataclasses.replace(
-            base.checkpoint, every=1, keep=100, tiered=True, local_dir=str(paths.run_dir / "tier1")
+            base.checkpoint, every=1, keep=KEEP, tiered=True, local_dir=str(paths.run_dir / "tier1")
         ),
     )
     monitor = Monitor(timeout_s)
@@ -61,29 +68,38 @@ def storage_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
                 b.unlink()
         t_back_on = time.time()
         registered = monitor.count("checkpoint")
+        # What Tune keeps now: the newest KEEP registered (indices count from 0 in a fresh scratch run).
+        kept = [f"checkpoint_{i:06d}" for i in range(max(0, registered - KEEP), registered)]
+        seen: set[str] = set()  # Tune deletes one of them once two newer ones register: note each landing
 
         def landed() -> bool:
-            folders = [p for p in trial.glob("checkpoint_*") if p.is_dir()]
-            return len(folders) >= registered and all(manifest.read(p) is not None for p in folders)
+            seen.update(name for name in kept if manifest.read(trial / name) is not None)
+            return seen >= set(kept)
 
         t_landed = wait_for(lambda: time.time() if landed() else None, monitor.deadline)
         broken = {p.name: manifest.problems(p) for p in sorted(trial.glob("checkpoint_*")) if p.is_dir()}
         return {
+            "trial": trial,
             "t_outage": t_out,
             "t_back_on": t_back_on,
             "t_landed": t_landed,
             "results_during_outage": during,
             "checkpoints_registered": registered,
+            "checkpoints_kept": kept,
+            "never_landed": sorted(set(kept) - seen),
             "checkpoints_in_storage": len(broken),
             "corrupt": sorted(n for n, probs in broken.items() if probs),
         }
 
     result, info = run_with_fault(dspec, paths, monitor, "storage", inject)
     failures = keys.lookup(result.metrics or {}, keys.CHECKPOINT_UPLOAD_FAILURES)
+    trial = info.get("trial")
+    stray = _stray(trial, monitor.count("checkpoint")) if isinstance(trial, Path) else []
     ok = (
         info.get("t_landed") is not None
         and info.get("results_during_outage", 0) > 0
         and not info.get("corrupt")
+        and not stray
         and (failures or 0) > 0
         and result.error is None
     )
@@ -96,7 +112,18 @@ def storage_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
         results_during_outage=info.get("results_during_outage"),
         upload_failures=failures,
         checkpoints_registered=info.get("checkpoints_registered"),
+        checkpoints_kept=info.get("checkpoints_kept"),
+        never_landed=info.get("never_landed"),
         checkpoints_in_storage=info.get("checkpoints_in_storage"),
         corrupt=info.get("corrupt"),
+        stray=stray,
         **({"problem": info["problem"]} if "problem" in info else {}),
+    )
+
+
+def _stray(trial: Path, registered: int) -> list[str]:
+    """Checkpoints in storage after training stopped that Tune no longer keeps (it keeps the newest KEEP
+    of the ``registered``): an upload that landed after Tune had deleted its folder."""
+    return sorted(
+        p.name for p in trial.glob("checkpoint_*") if p.name[11:].isdigit() and int(p.name[11:]) < registered - KEEP
     )

@@ -185,6 +185,10 @@ class Race:
         #: candidate -> the factor its costs count with (the spec's own: 1 / (1 + search.confirm_tie), as in choose)
         self.weights = {c: float(w) for c, w in (weights or {}).items()}
 
+    def __setstate__(self, state: dict) -> None:
+        # a race pickled by an older rayrl (Tune restores the confirmation's stopper) had no weights
+        self.__dict__.update({"weights": {}, **state})
+
     def _threshold(self, bound: float) -> float:
         return bound if len(self.seeds) % 2 else 2 * bound
 

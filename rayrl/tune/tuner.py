@@ -77,14 +77,15 @@ def make_tuner(
         if fs is None:
             check_experiment_state(exp_path)
         alias_old_modules()  # experiments written before the layout move pickled the old module paths
-        tuner = tune.Tuner.restore(
-            exp_path,
-            trainable=trainable,
-            resume_unfinished=True,
-            resume_errored=True,
-            param_space=param_space,
-            storage_filesystem=fs,
-        )
+        restore = dict(trainable=trainable, resume_unfinished=True, resume_errored=True, storage_filesystem=fs)
+        try:
+            tuner = tune.Tuner.restore(exp_path, param_space=param_space, **restore)
+        except ValueError as exc:
+            if "param_space" not in str(exc):
+                raise
+            # The experiment was started by an older rayrl whose param space had other keys (the
+            # confirmation's preset-point choices before its planned-runs searcher): go on with its own.
+            tuner = tune.Tuner.restore(exp_path, param_space=None, **restore)
         refresh_callbacks(tuner, local)
         return tuner
     run_config = tune.RunConfig(
