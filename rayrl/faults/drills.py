@@ -35,7 +35,7 @@ def env_runner_class_name(spec: Spec) -> str:
     """The actor class name of the spec's env runners (the fast runner's, or RLlib's own)."""
     from rayrl.sampling import runner_class
 
-    cls = runner_class(spec.env.runner, spec.env.backend)
+    cls = runner_class(spec.env_runner, spec.env.backend)
     return cls.__name__ if cls is not None else "SingleAgentEnvRunner"
 
 

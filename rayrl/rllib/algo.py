@@ -46,7 +46,7 @@ def build_config(spec: Spec) -> AlgorithmConfig:
             num_env_runners=r.env_runners,
             num_envs_per_env_runner=spec.env.envs_per_runner,
             num_cpus_per_env_runner=r.cpus_per_env_runner,
-            env_runner_cls=runner_class(spec.env.runner, spec.env.backend),
+            env_runner_cls=runner_class(spec.env_runner, spec.env.backend),
         )
         .learners(
             num_learners=r.learners,

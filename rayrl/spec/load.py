@@ -174,7 +174,7 @@ def validate(spec: Spec) -> None:
     space.check(spec, _convert)
     preflight.check_conv_filters(spec.model.conv_filters)
     preflight.check_env(spec.env.id)
-    preflight.check_backend(spec.env)
+    preflight.check_backend(spec.env, spec.env_runner)
     preflight.check_tracking(spec.tracking)
     pop = spec.population
     if pop.size == 1:

@@ -34,14 +34,15 @@ def check_tracking(t: TrackingSpec) -> None:
         require("tensorboardX", "tracking", "tracking.tensorboard")
 
 
-def check_backend(env: EnvSpec) -> None:
-    """envpool only with the fast runner, installed, and for an id EnvPool implements."""
+def check_backend(env: EnvSpec, runner: str) -> None:
+    """envpool only with the fast runner (``runner``: env.runner resolved), installed, and for an id
+    EnvPool implements."""
     if env.backend != "envpool":
         return
-    if env.runner != "fast":
+    if runner != "fast":
         raise SpecError(
-            f"env.backend: 'envpool' with env.runner {env.runner!r}; EnvPool is stepped by the fast "
-            "runner only: set env.runner: fast or env.backend: gymnasium."
+            f"env.backend: 'envpool' with env.runner {env.runner!r} (runs {runner!r}); EnvPool is stepped by "
+            "the fast runner only: set env.runner: fast or env.backend: gymnasium."
         )
     missing = envpool_missing()
     if missing:

@@ -22,7 +22,7 @@ SCHEDULERS = ("asha", "hyperband")
 ACTIVATIONS = ("tanh", "relu", "silu", "elu", "linear")
 JUDGES = ("evaluation", "training")
 MOVED = {"algo.hidden": "model.hidden"}  #: fields that moved, so an old spec's error names the new place
-RUNNERS = ("fast", "rllib")
+RUNNERS = ("auto", "fast", "rllib")
 ENV_BACKENDS = ("gymnasium", "envpool")
 OBJECTIVES = ("usd", "wall_s", "env_steps")
 WANDB_MODES = ("online", "offline")
@@ -50,10 +50,11 @@ class EnvSpec:
     config: dict = doc({}, "keyword arguments for the env (gymnasium.make kwargs, or the factory's env_config)")
     envs_per_runner: int = doc(8, "vectorised envs stepped by each env runner", min=1)
     runner: str = doc(
-        "rllib",
-        "env runner: rllib (RLlib's SingleAgentEnvRunner) or fast (rayrl.sampling's tight loop for "
+        "auto",
+        "env runner: rllib (RLlib's SingleAgentEnvRunner), fast (rayrl.sampling's tight loop for "
         "stateless policies, the same episodes as RLlib's runner; it falls back to RLlib's loop, logged "
-        "once, for recurrent modules, custom connectors, episode callbacks; docs/sampling.md)",
+        "once, for recurrent modules, custom connectors, episode callbacks; docs/sampling.md) or auto "
+        "(fast for PPO, rllib for APPO and IMPALA, whose asynchronous sampling it has not been shown on)",
         choices=RUNNERS,
     )
     backend: str = doc(
@@ -470,6 +471,13 @@ class Spec:
     def effective_lr(self) -> float:
         """lr after the declared scaling rule for the number of learners."""
         return scaled_lr(self.algo.lr, self.resources.learners, self.resources.lr_scaling)
+
+    @property
+    def env_runner(self) -> str:
+        """The env runner trials use: env.runner, with auto resolved (fast for PPO, else rllib)."""
+        if self.env.runner != "auto":
+            return self.env.runner
+        return "fast" if self.algo.name == "PPO" else "rllib"
 
     @property
     def judged_by(self) -> str:
