@@ -24,7 +24,7 @@ JSON file under ``--work``; the same command again skips them (a killed benchmar
     python -m benchmarks.tuners --out tuners.json --work /work/bench/tuners           # both envs
     python -m benchmarks.tuners --envs cartpole --reps 1 --out t.json --work DIR     # one env
     python -m benchmarks.tuners --config my.yaml --target 300 --out t.json           # any spec
-    python -m benchmarks.tuners --quick --out q.json                                 # a few minutes
+    python -m benchmarks.tuners --quick --out q.json    # ~12 min on 2 cores (~2 with --tuners tune_by_hand,random)
 """
 
 from __future__ import annotations
@@ -383,7 +383,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--quick",
         action="store_true",
         help=f"CartPole only, budget {QUICK_BUDGET_RUNS} x {QUICK_RUN_ENV_STEPS:,} env steps per tuner, the sweep "
-        f"at smoke sizes, 1 repetition, 1 judging seed to return {QUICK.target:g}: a few minutes",
+        f"at smoke sizes, 1 repetition, 1 judging seed to return {QUICK.target:g}: about 12 minutes with "
+        "all five tuners on 2 cores, 2 with --tuners tune_by_hand,random",
     )
     p.add_argument(
         "--envs", default=None, help=f"comma-separated, of {', '.join(ENVS)} (default: all; quick: cartpole)"
