@@ -165,6 +165,27 @@ def test_closing_summary_names_every_phase_the_choice_and_the_files(tmp_path):
     assert f"rayrl report {tmp_path}" in text
 
 
+def test_closing_summary_shows_the_searched_fields_and_a_win_by_the_tie(tmp_path):
+    summary = {
+        "wall_s": 10.0,
+        "env_steps_total": 5000,
+        "best": {"batch_size": 2048, "lr": 3e-4, "gamma": 0.99, "hidden": "[64, 64]", "confirmed": True}
+        | {"episode_return_mean": 470.0},
+        "confirm": {"spec_won_by_tie": True, "tie": 0.1, "candidates": []},
+    }
+    trials = [
+        {"trial_id": "a1", "batch_size": 256, "lr": 1e-3, "env_steps": 9000.0, "episode_return_mean": 480.0}
+        | {"status": "reached_target", "gamma": 0.9712345, "hidden": "[64, 64]"},
+    ]
+    lines = closing_summary(summary, [], trials, tmp_path).splitlines()
+    header = next(line for line in lines if line.split()[:3] == ["trial", "batch", "lr"])
+    assert header.split()[3:5] == ["gamma", "hidden"]
+    row = next(line for line in lines if line.split()[:1] == ["a1"])
+    assert row.split()[3:6] == ["0.9712", "[64,", "64]"]
+    best = next(line for line in lines if line.startswith("best:"))
+    assert "gamma 0.99 hidden [64, 64]" in best and "more than 10% cheaper, so the spec's own ships" in best
+
+
 def test_a_restored_tuner_gets_this_starts_printer_history_writer_and_disk_guard(tmp_path):
     """Tune restores the callbacks pickled with the experiment, with the old machine's paths and, from
     an older rayrl, fewer fields (tests/test_old_layout.py found both); refresh_callbacks swaps rayrl's

@@ -27,6 +27,16 @@ def _fmt(value: Any, spec: str) -> str:
     return format(v, spec) if math.isfinite(v) else "-"
 
 
+def _value(value: Any) -> str:
+    """A searched field's value (search.space): numbers to 4 significant digits, lists and text as they are."""
+    if isinstance(value, (bool, list)):
+        return str(value).lower() if isinstance(value, bool) else str(value)
+    try:
+        return format(float(value), ".4g")
+    except (TypeError, ValueError):
+        return "-" if value in (None, "") else str(value)
+
+
 def _cost(value: Any) -> str:
     """A confirmation cost: summary.json stores infinity (a median or bound past a seed that missed) as null."""
     return "inf" if value is None else _fmt(value, ".4g")
@@ -46,15 +56,17 @@ def closing_summary(summary: dict, ladder: list[Any], trials: list[dict], run_di
             ],
         )
     ranked = runfolder.rank_trials(trials)[:TOP_TRIALS]
+    searched = [k for k in (trials[0] if trials else {}) if k not in runfolder.TRIALS_COLUMNS]  # search.space
     if ranked:
         out.append(f"search: {len(trials)} trials, {summary.get('stopped_early', 0)} stopped early; the best:")
         out += _table(
-            ["trial", "batch", "lr", "env steps", "return", "status"],
+            ["trial", "batch", "lr", *searched, "env steps", "return", "status"],
             [
                 [
                     str(t["trial_id"]),
                     str(t["batch_size"]),
                     _fmt(t["lr"], ".2e"),
+                    *(_value(t.get(k)) for k in searched),
                     _fmt(t["env_steps"], ",.0f"),
                     _fmt(t["episode_return_mean"], ".1f"),
                     str(t["status"]),
@@ -90,7 +102,10 @@ def closing_summary(summary: dict, ladder: list[Any], trials: list[dict], run_di
     if best:
         ret = _fmt(best.get("episode_return_mean"), ".1f")
         how = " (confirmed on fresh seeds)" if best.get("confirmed") else " (search only, not confirmed)"
-        out.append(f"best: batch {best['batch_size']} lr {keys.number(best['lr']):.2e}, return {ret}{how}")
+        values = "".join(f" {k} {_value(best[k])}" for k in searched if k in best)
+        if confirm.get("spec_won_by_tie"):
+            how += f"; no searched config was more than {confirm.get('tie', 0):.0%} cheaper, so the spec's own ships"
+        out.append(f"best: batch {best['batch_size']} lr {keys.number(best['lr']):.2e}{values}, return {ret}{how}")
         out.append(f"  config: {run_dir / runfolder.BEST_CONFIG}")
         out.append(f"  train it: rayrl train --config {run_dir / runfolder.BEST_CONFIG}")
     out.append(
