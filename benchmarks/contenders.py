@@ -246,7 +246,9 @@ def rllib_same_settings(spec: Any, seed: int | None = None) -> Any:
         # The same network rayrl builds: hidden, activation, vf_share_layers, free_log_std, ...
         .rl_module(model_config=model_config(spec.model))
         .debugging(seed=spec.seed if seed is None else seed, log_level="ERROR")
-        .reporting(metrics_num_episodes_for_smoothing=20)
+        # algo.report_env_steps is RLlib's own setting: stock RLlib gets it too, or the ratio compares
+        # one report per 2,048 steps with one per update (different settings)
+        .reporting(metrics_num_episodes_for_smoothing=20, min_sample_timesteps_per_iteration=a.report_env_steps or None)
     )
     if spec.model.normalize_obs:
         # RLlib's own running mean/std filter, the piece rayrl.rllib.algo.build_config adds for normalize_obs.

@@ -53,3 +53,13 @@ def test_rayrl_zoo_settings_is_sb3_zoos_cartpole_algorithm():
 def test_zoo_settings_refuse_an_env_they_have_none_for():
     with pytest.raises(ValueError, match="wired for CartPole-v1, Hopper-v5, Hopper-v4 only, not 'Pendulum-v1'"):
         K.zoo_overrides("Pendulum-v1")
+
+
+@pytest.mark.parametrize("every", [0, 2048])
+def test_stock_rllib_same_settings_reports_as_often_as_rayrl(every):
+    """algo.report_env_steps is RLlib's min_sample_timesteps_per_iteration: stock RLlib gets the same, so
+    the end-to-end ratio compares equal reporting (one report per update, or per ``every`` env steps)."""
+    spec = C.load_spec(C.DEFAULT_CONFIG, ["algo.train_batch_per_learner=256", f"algo.report_env_steps={every}"])
+    stock, ours = K.rllib_same_settings(spec), K.rayrl(spec, "fast")
+    assert stock.min_sample_timesteps_per_iteration == ours.min_sample_timesteps_per_iteration
+    assert (stock.min_sample_timesteps_per_iteration or 0) == every
