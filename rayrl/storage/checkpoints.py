@@ -19,13 +19,20 @@ another key is refused like a corrupt one (an older checkpoint that verifies is 
 the user opted out (``RAYRL_ALLOW_UNSIGNED_STORAGE=1``); one whose MAC is wrong under the right key
 was tampered with and is refused even then. When nothing verifies and a signature was among the
 reasons, restore fails with :class:`UntrustedCheckpoint` instead of starting fresh.
+
+Two tier-1 duties besides: :func:`unuploaded` lists the intact, signed tier-1 copies a restore finds
+that never reached storage (the trainable queues them for upload again), and :func:`tier1_full` turns
+a checkpoint write that failed on a full tier-1 disk into :class:`Tier1Full`, whose paragraph the
+driver stops the run with (`rayrl.storage.guard`).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
+import os
 import posixpath
 import shutil
 import time
@@ -34,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from rayrl.security import signing, trust
-from rayrl.storage import manifest
+from rayrl.storage import files, manifest
 
 log = logging.getLogger("rayrl.checkpoints")
 FALLBACK_PREFIX = "rayrl_restore_fallback-"
@@ -113,6 +120,47 @@ def make_root(root: Path) -> None:
     pass :func:`trusted_root`'s check, and other users cannot read the checkpoints."""
     root.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     root.mkdir(mode=0o700, exist_ok=True)
+
+
+class Tier1Full(RuntimeError):
+    """A checkpoint could not be written to tier 1 because its disk is full: every retry of the trial
+    would fail the same way, so the driver ends the run with this paragraph (`rayrl.storage.guard`)."""
+
+
+def _free_mb(folder: Path) -> float | None:
+    """Free MB on the disk of ``folder`` or of its nearest existing parent (None if none can be read)."""
+    for path in (folder, *folder.parents):
+        if path.exists():
+            return files.free_mb(path)
+    return None
+
+
+def tier1_full(exc: BaseException, folder: Path, checkpoint: str) -> Tier1Full | None:
+    """The paragraph for a checkpoint write into tier-1 ``folder`` that failed with ``exc``, when the
+    disk is full: ENOSPC or EDQUOT anywhere in its chain, or less than ``files.MIN_FREE_MB`` free
+    there now (libraries that write the checkpoint, torch among them, do not always keep the errno).
+    None for any other failure."""
+    free = _free_mb(folder)
+    seen: BaseException | None = exc
+    full = False
+    for _ in range(16):  # a chain, never a cycle
+        if seen is None:
+            break
+        full |= getattr(seen, "errno", None) in files.FULL
+        seen = seen.__cause__ or seen.__context__
+    if not full and (free is None or free >= files.MIN_FREE_MB):
+        return None
+    text = (str(exc).strip().splitlines() or [""])[0][:200]
+    detail = getattr(exc, "strerror", None) or (f"{type(exc).__name__}: {text}" if text else os.strerror(errno.ENOSPC))
+    space = f"{free:.1f} MB free on that disk" if free is not None else "its free space could not be read"
+    return Tier1Full(
+        f"checkpoint {checkpoint} could not be written to tier 1, {folder} ({detail}; {space}). Retrying "
+        "cannot help, so the run stops here instead of failing the trial on every retry. Free space on that "
+        "disk, or point checkpoint.local_dir at a local disk with room (--set checkpoint.local_dir=PATH; it "
+        "holds checkpoint.keep checkpoints per trial plus any still uploading), then run the same command "
+        "again: it resumes from the newest checkpoint in storage. checkpoint.tiered: false does not avoid "
+        "this folder: it writes each checkpoint there before uploading it."
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,6 +286,34 @@ def choose(fs: Any, registered: str, settings: TierSettings) -> Choice | None:
     if judge.refusal:
         raise UntrustedCheckpoint(f"{judge.refusal} Checkpoints tried in {trial_fs_path}: {tried}")
     raise NoIntactCheckpoint(f"no intact checkpoint in {trial_fs_path} at or before {name}: {tried}")
+
+
+def unuploaded(fs: Any, registered: str, settings: TierSettings) -> list[Path]:
+    """Tier-1 copies of this trial that storage lacks (no manifest there) and that verify here (files
+    and signature): the ones an upload never finished before a crash. Only the ``settings.keep``
+    indices up to ``registered``: Tune has deleted older ones from storage and knows of no newer one.
+
+    Oldest first, the order Tune registered them: the uploader works in order, so its pending copies
+    stay the newest ones, which Tune does not delete when the next checkpoints register (newest
+    first would leave the oldest pending while Tune deletes it).
+    """
+    trial_fs_path, name = posixpath.split(registered.rstrip("/"))
+    if not (name.startswith("checkpoint_") and name[11:].isdigit()):
+        return []
+    newest = int(name[11:])
+    root = trusted_root(settings, trial_fs_path)
+    judge = _Trust(settings)
+    found = []
+    for index in range(max(0, newest - settings.keep + 1), newest + 1):
+        ckpt = f"checkpoint_{index:06d}"
+        local = root / ckpt
+        local_man = manifest.read(local)
+        if local_man is None or remote_manifest(fs, f"{trial_fs_path}/{ckpt}") is not None:
+            continue
+        if judge.refused(f"{ckpt} (tier-1 copy in {root})", local_man) or manifest.problems(local, local_man):
+            continue
+        found.append(local)
+    return found
 
 
 def unmanifested(registered: str, settings: TierSettings) -> str | None:

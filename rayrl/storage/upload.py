@@ -2,7 +2,8 @@
 
 Files first, the manifest last, so a storage copy with a manifest is complete; failures are retried
 with backoff in a daemon thread and never reach training (`rayrl.storage.checkpoints` explains the
-tiers).
+tiers). Every failed attempt is counted (``UploadStats.failed_attempts``, reported by the trainable as
+``rayrl/checkpoint_upload_failures``); each distinct error is printed once, its repeats only counted.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import queue
+import re
 import shutil
 import threading
 import time
@@ -72,13 +74,26 @@ class UploadStats:
     last_upload_s: float = 0.0
     last_error: str = ""
     uploaded_paths: list = field(default_factory=list)
+    #: distinct errors seen (each printed once; the same error again is only counted)
+    distinct_errors: int = 0
     #: set once an upload was refused ``permanent_after`` times in a row: the storage will not take it
     permanent_error: str = ""
     given_up: list = field(default_factory=list)  #: tier-1 folders whose upload was abandoned
 
 
 class StorageRefused(RuntimeError):
-    """Storage refused checkpoint uploads permanently: the trial stops with the reason."""
+    """Storage refused checkpoint uploads permanently: the trial stops with the reason, and the driver's
+    DiskGuard (`rayrl.storage.guard`) ends the run with it instead of letting Tune retry the trial."""
+
+
+#: distinct errors printed at most; beyond it further new errors are only counted
+MAX_DISTINCT = 32
+
+
+def error_key(text: str) -> str:
+    """An upload error with what changes from checkpoint to checkpoint taken out (the checkpoint's
+    index, and so its file paths): one outage gives one key, however many checkpoints it fails."""
+    return re.sub(r"checkpoint_\d+", "checkpoint_N", text)
 
 
 def permanent_failure_message(stats: UploadStats, where: str) -> str:
@@ -107,6 +122,7 @@ class Uploader:
         self.waiting: set[str] = set()  #: tier-1 folders not yet in storage (never pruned)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+        self._said: set[str] = set()  #: error keys already printed
         threading.Thread(target=self._run, name="rayrl-checkpoint-upload", daemon=True).start()
 
     @property
@@ -157,10 +173,25 @@ class Uploader:
         except Exception as exc:
             self.stats.failed_attempts += 1
             self.stats.last_error = f"{type(exc).__name__}: {exc}"[:300]
+            self._say_once(local, dest)
             raise
         self.stats.uploaded += 1
         self.stats.last_upload_s = time.perf_counter() - start
         self.stats.uploaded_paths = (self.stats.uploaded_paths + [str(local)])[-64:]
+
+    def _say_once(self, local: Path, dest: str) -> None:
+        """Print the error just counted if it is a new one (``error_key``); its repeats are only counted."""
+        key = error_key(self.stats.last_error)
+        if key in self._said or len(self._said) >= MAX_DISTINCT:
+            return
+        self._said.add(key)
+        self.stats.distinct_errors = len(self._said)
+        print(
+            f"[rayrl] checkpoint upload of {local.name} to {posixpath.dirname(dest)} failed "
+            f"({self.stats.last_error}); retried with backoff. This error is printed once: each further "
+            "failed attempt is counted in rayrl/checkpoint_upload_failures",
+            flush=True,
+        )
 
     def _run(self) -> None:
         while True:
@@ -180,7 +211,7 @@ class Uploader:
                         log.error("checkpoint upload to %s refused %d times (%s); giving up", dest, refused, exc)
                         kept = True  # the only copy now: still protected from pruning
                         break
-                    log.warning("checkpoint upload to %s failed (%s); retrying in %.0fs", dest, exc, backoff)
+                    log.debug("checkpoint upload to %s failed (%s); retrying in %.0fs", dest, exc, backoff)
                     time.sleep(backoff)
                     backoff = min(self.max_backoff_s, backoff * 2)
             with self._idle:

@@ -20,7 +20,7 @@ from rayrl.storage import checkpoints as ck
 from rayrl.storage import manifest, upload
 
 DRAIN_S = 600.0  #: how long a stopping trial waits for its last uploads
-BACKPRESSURE_S = 120.0  #: how long a checkpoint waits for earlier uploads before it is queued anyway
+BACKPRESSURE_S = 120.0  #: how long a checkpoint waits for earlier uploads before it is skipped
 
 
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ class TieredCheckpoints(_Trainable):
     """
 
     _rayrl_tier: ck.TierSettings
+    _rayrl_skipped = 0  #: checkpoints skipped because uploads stayed behind (see _backpressure)
+    _rayrl_skip_mark: int | None = None  #: uploads landed when the last one was skipped (None: no skip pending)
 
     def setup(self, config: Any) -> None:
         from rayrl.rllib.algo import quiet_notices
@@ -65,6 +67,7 @@ class TieredCheckpoints(_Trainable):
             checkpoint_upload_failures=up.failed_attempts,
             checkpoint_upload_s=up.last_upload_s,
             checkpoint_uploads_pending=self._rayrl_uploader.pending,
+            checkpoints_skipped=self._rayrl_skipped,
             **self._rayrl_events,
         )
         if self._rayrl_preempt.requested:
@@ -80,15 +83,44 @@ class TieredCheckpoints(_Trainable):
 
         start = time.perf_counter()
         metrics = dict(self._last_result or {})
+        preempted = self._rayrl_preempt.requested
+        synchronous = preempted or not self._rayrl_tier.tiered
+        if not synchronous and not self._backpressure(metrics.get("training_iteration", "?")):
+            # Skipped: nothing written and no checkpoint returned, so Tune registers none (its controller
+            # ignores an empty checkpoint) and deletes none of the registered ones; the index stays free.
+            self._rayrl_stall_s = time.perf_counter() - start
+            return _TrainingResult(checkpoint=None, metrics=metrics)
         storage._update_checkpoint_index(metrics)
         dest = storage.checkpoint_fs_path
         root = ck.trusted_root(self._rayrl_tier, storage.trial_fs_path)
         local = root / posixpath.basename(dest)
         shutil.rmtree(local, ignore_errors=True)
-        ck.make_root(root)
-        local.mkdir()
-        if self.save_checkpoint(str(local)) not in (None, str(local)):
+        try:  # tier 1: a full disk here ends the run with one paragraph (Tier1Full), not a retry loop
+            ck.make_root(root)
+            local.mkdir()
+            wrote = self.save_checkpoint(str(local))
+            if wrote in (None, str(local)):
+                self._write_manifest(local, metrics)
+        except Exception as exc:
+            full = ck.tier1_full(exc, root, local.name)
+            if full is None:
+                raise
+            shutil.rmtree(local, ignore_errors=True)  # a part-written folder helps no one and holds space
+            print(f"[rayrl] {full}", flush=True)
+            raise full from exc
+        if wrote not in (None, str(local)):
             raise TypeError("rayrl's tiered checkpoints need save_checkpoint to write into its folder")
+        if synchronous:
+            self._rayrl_uploader.drain(DRAIN_S if not preempted else self._rayrl_tier.preempt_grace_s)
+            self._rayrl_uploader.upload_now(local, storage.storage_filesystem, dest)
+        else:
+            self._rayrl_uploader.submit(local, storage.storage_filesystem, dest)
+        upload.prune_local(root, self._rayrl_tier.keep, protect={str(local), *self._rayrl_uploader.waiting_paths()})
+        self._rayrl_stall_s = time.perf_counter() - start
+        self._rayrl_preempt.saved = preempted
+        return _TrainingResult(checkpoint=Checkpoint(filesystem=storage.storage_filesystem, path=dest), metrics=metrics)
+
+    def _write_manifest(self, local: Any, metrics: dict) -> None:
         key = signing.load(self._rayrl_tier.key_file)
         if key is None and not getattr(self, "_rayrl_warned_unsigned", False):
             self._rayrl_warned_unsigned = True
@@ -98,39 +130,41 @@ class TieredCheckpoints(_Trainable):
                 flush=True,
             )
         manifest.write(local, {k: metrics[k] for k in ck.META_KEYS if k in metrics}, key=key)
-        preempted = self._rayrl_preempt.requested
-        if preempted or not self._rayrl_tier.tiered:
-            self._rayrl_uploader.drain(DRAIN_S if not preempted else self._rayrl_tier.preempt_grace_s)
-            self._rayrl_uploader.upload_now(local, storage.storage_filesystem, dest)
-        else:
-            self._backpressure()
-            self._rayrl_uploader.submit(local, storage.storage_filesystem, dest)
-        upload.prune_local(root, self._rayrl_tier.keep, protect={str(local), *self._rayrl_uploader.waiting_paths()})
-        self._rayrl_stall_s = time.perf_counter() - start
-        self._rayrl_preempt.saved = preempted
-        return _TrainingResult(checkpoint=Checkpoint(filesystem=storage.storage_filesystem, path=dest), metrics=metrics)
 
-    def _backpressure(self) -> None:
-        """Before queueing a checkpoint, let uploads catch up to ``keep - 2`` pending.
+    def _backpressure(self, iteration: Any = "?") -> bool:
+        """Whether this checkpoint may be queued: at most ``keep - 2`` uploads pending, after waiting up
+        to BACKPRESSURE_S for them; False skips it (a line and ``rayrl/checkpoints_skipped``).
 
         Tune deletes checkpoint N - keep from storage when N registers; were that one still
         uploading, the delete would race the upload (a manifest over missing files) and storage
-        could hold no complete checkpoint at all. Waiting here bounds the queue and keeps one
-        complete checkpoint in storage; a store down longer than BACKPRESSURE_S is let through with
-        a line (the uploads retry; restore then skips what never landed)."""
+        could hold no complete checkpoint at all. With at most ``keep - 1`` pending after a submit,
+        and the uploads done in order, the pending ones are always the newest, which Tune keeps; the
+        queue never grows past that. While no upload landed since the last skip (storage down), the
+        next checkpoint is skipped without waiting again, so an outage costs one wait, not one per
+        checkpoint."""
         limit = max(0, self._rayrl_tier.keep - 2)
-        if self._rayrl_uploader.pending <= limit:
-            return
+        up = self._rayrl_uploader
+        if up.pending <= limit:
+            self._rayrl_skip_mark = None
+            return True
         waited = time.perf_counter()
-        caught_up = self._rayrl_uploader.wait_below(limit, BACKPRESSURE_S)
+        stuck = self._rayrl_skip_mark is not None and up.stats.uploaded == self._rayrl_skip_mark
+        if not stuck and up.wait_below(limit, BACKPRESSURE_S):
+            self._rayrl_events = {**self._rayrl_events, "checkpoint_wait_s": time.perf_counter() - waited}
+            self._rayrl_skip_mark = None
+            return True
         self._rayrl_events = {**self._rayrl_events, "checkpoint_wait_s": time.perf_counter() - waited}
-        if not caught_up:
-            print(
-                f"[rayrl] checkpoint uploads are {self._rayrl_uploader.pending} behind after "
-                f"{BACKPRESSURE_S:g}s (storage slow or down: {self._rayrl_uploader.stats.last_error or '?'}); "
-                "queueing this one too",
-                flush=True,
-            )
+        self._rayrl_skipped += 1
+        self._rayrl_skip_mark = up.stats.uploaded
+        why = "no upload landed since the last skip" if stuck else f"none landed in {BACKPRESSURE_S:g}s"
+        print(
+            f"[rayrl] checkpoint of iteration {iteration} skipped: {up.pending} earlier "
+            f"upload(s) still pending and {why} (storage slow or down; last upload error: "
+            f"{up.stats.last_error or 'none yet'}); training goes on, the newest checkpoint is still the last "
+            f"one queued ({self._rayrl_skipped} skipped so far, rayrl/checkpoints_skipped)",
+            flush=True,
+        )
+        return False
 
     def restore(self, checkpoint_path: Any) -> None:
         from ray.tune import Checkpoint
@@ -183,8 +217,25 @@ class TieredCheckpoints(_Trainable):
         if choice.downloaded_bytes:
             ck.record_download(registered.filesystem, posixpath.dirname(registered.path), choice)
             self._rayrl_events = {**self._rayrl_events, "restore_downloaded_bytes": choice.downloaded_bytes}
+        self._reupload(registered.filesystem, registered.path)
         local = Checkpoint.from_directory(str(choice.path))
         return super().restore(_TrainingResult(checkpoint=local, metrics=metrics))
+
+    def _reupload(self, fs: Any, registered: str) -> None:
+        """Queue the intact, signed tier-1 copies storage lacks (an upload a crash cut short), in the
+        order Tune registered them (see ck.unuploaded), so storage converges; a line says how many."""
+        found = ck.unuploaded(fs, registered, self._rayrl_tier)
+        if not found:
+            return
+        trial_fs_path = posixpath.dirname(registered.rstrip("/"))
+        for local in found:
+            self._rayrl_uploader.submit(local, fs, f"{trial_fs_path}/{local.name}")
+        print(
+            f"[rayrl] tier 1 on this node holds {len(found)} checkpoint(s) that never reached storage "
+            f"({', '.join(p.name for p in found)}); uploading them again",
+            flush=True,
+        )
+        self._rayrl_events = {**self._rayrl_events, "tier1_reuploads": len(found)}
 
     def cleanup(self) -> None:
         # Tier 1 is a cache for this trial's process (and for a retry on this node after a crash):
