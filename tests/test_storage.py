@@ -301,6 +301,66 @@ def test_a_file_whose_upload_failed_is_sent_at_the_next_start_not_lost(s3_server
         proxy.close()
 
 
+def _history_result(trial_id: str, iteration: int):
+    from types import SimpleNamespace
+
+    trial = SimpleNamespace(trial_id=trial_id, config={"train_batch_size_per_learner": 256, "lr": 1e-3})
+    return trial, {"training_iteration": iteration, "num_env_steps_sampled_lifetime": 256 * iteration}
+
+
+def test_history_uploads_failing_never_end_the_run_and_no_row_is_lost(s3_server, monkeypatch, tmp_path, capsys):
+    """history.csv on S3 while the store goes down (the fault table's outage and 5 s PUTs ended `rayrl
+    train` here), then a driver killed between uploads: Tune's loop is never stopped, the failure is
+    printed once, and the next start sends every local row instead of taking the bucket's older copy."""
+    from urllib.parse import urlsplit
+
+    from slowproxy import SlowProxy
+
+    from rayrl.observe.progress import HistoryWriter
+
+    up = urlsplit(s3_server.endpoint)
+    proxy = SlowProxy((up.hostname, up.port))
+    for key, value in {**s3_server.env, "AWS_ENDPOINT_URL": proxy.url}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("RAYRL_HOME", str(tmp_path / "home"))
+    key = "history/h/history.csv"
+
+    def bucket_rows() -> int:
+        return len(s3_server.client.get_object(Bucket="rayrl", Key=key)["Body"].read().decode().splitlines()) - 1
+
+    try:
+        paths = runtime.resolve("s3://rayrl/history", "h")
+        writer = HistoryWriter(paths.run_dir / "history.csv", "train", store=paths.store, upload_s=0.0)
+        writer.on_trial_result(1, [], *_history_result("t1", 1))
+        writer._sender.join(30)
+        assert bucket_rows() == 1 and paths.store.unsent() == []
+        proxy.block()  # the store goes away for three results
+        for i in (2, 3, 4):
+            writer.on_trial_result(i, [], *_history_result("t1", i))
+            started = time.monotonic()
+            writer.on_step_end(i, [])  # never raises for an upload: Tune's loop goes on
+            assert time.monotonic() - started < 1.0
+            writer._sender.join(60)
+        said = [line for line in capsys.readouterr().out.splitlines() if "could not be uploaded" in line]
+        assert len(said) == 1 and "training goes on" in said[0], said
+        assert writer.upload_failures == 3 and writer.failed is None
+        assert paths.store.unsent() == ["history.csv"] and bucket_rows() == 1
+        proxy.unblock()
+        writer.on_trial_result(5, [], *_history_result("t1", 5))
+        writer._sender.join(30)
+        assert bucket_rows() == 5 and paths.store.unsent() == []
+        # A driver killed between uploads: row 6 is local only; the next start keeps it and sends it.
+        writer.upload_s = 3600.0
+        writer.on_trial_result(6, [], *_history_result("t1", 6))
+        assert paths.store.unsent() == ["history.csv"] and bucket_rows() == 5
+        again = runtime.resolve("s3://rayrl/history", "h")
+        with runtime.claim(again):
+            assert len((again.run_dir / "history.csv").read_text().splitlines()) == 7
+            assert bucket_rows() == 6
+    finally:
+        proxy.close()
+
+
 def test_an_unwritable_bucket_exits_2_before_ray(s3_server):
     proc = subprocess.run(
         [sys.executable, "-m", "rayrl.cli", "train", "--config", str(CONFIG), "--storage", "s3://no-such-bucket/runs"],

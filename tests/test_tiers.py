@@ -26,6 +26,7 @@ class _Algorithm:
     """Stands in for the RLlib Algorithm behind TieredCheckpoints: a checkpoint of a few real files."""
 
     restored: list = []
+    restored_metrics: list = []
 
     def save_checkpoint(self, folder: str) -> None:
         Path(folder, "algorithm_state.pkl").write_bytes(os.urandom(2000))
@@ -37,6 +38,7 @@ class _Algorithm:
 
     def restore(self, checkpoint_path) -> str:
         type(self).restored.append(checkpoint_path.checkpoint.path)
+        type(self).restored_metrics.append(dict(checkpoint_path.metrics))
         return "restored"
 
 
@@ -68,6 +70,7 @@ def _trainable(settings: ck.TierSettings, fs: pafs.FileSystem, trial: str, uploa
     t._rayrl_events = {}
     t._rayrl_stall_s = 0.0
     _Algorithm.restored = []
+    _Algorithm.restored_metrics = []
     return t
 
 
@@ -175,6 +178,70 @@ def test_restore_uploads_again_the_intact_tier1_copies_storage_lacks(tmp_path, c
     t = _trainable(settings, FS, trial)
     t.restore(_registered(FS, f"{trial}/checkpoint_000004", 4))
     assert ck.unuploaded(FS, f"{trial}/checkpoint_000004", settings) == [] and t._rayrl_uploader.pending == 0
+
+
+# ---- 2b. Tune's saved state behind the checkpoints -------------------------------------------------
+
+
+def test_a_state_naming_a_pruned_checkpoint_restores_the_newest_intact_one_not_iteration_0(tmp_path, capsys):
+    """Tune rewrites its experiment state every ~10 s, so after a crash it may name checkpoint 2 that Tune
+    had already replaced (3, 4) and deleted from storage. Measured by benchmarks/fault_table.py: such
+    trials started over from iteration 0. The restore takes 4 from storage (tier 1 lost with the node),
+    says so, and the next save takes folder 5, not 3 (which would overwrite and later lose progress)."""
+    settings = ck.TierSettings(local_dir=str(tmp_path / "tier1"), keep=2)
+    trial = str(tmp_path / "storage" / "PPO_1")
+    for i in (3, 4):  # 0-2 pruned by Tune; 3 and 4 landed
+        upload.upload(_tier1_copy(settings, trial, i), FS, f"{trial}/checkpoint_{i:06d}")
+    import shutil
+
+    shutil.rmtree(tmp_path / "tier1")  # the node is gone
+    t = _trainable(settings, FS, trial)
+    t._storage.current_checkpoint_index = 2  # what the stale state gives the restored trial
+    assert t.restore(_registered(FS, f"{trial}/checkpoint_000002", 2)) == "restored"
+    assert [Path(p).name for p in _Algorithm.restored] == ["checkpoint_000004"]
+    assert _Algorithm.restored_metrics[0]["training_iteration"] == 4  # the newer one's, not the state's
+    out = capsys.readouterr().out
+    assert "starts fresh" not in out and "never uploaded" not in out
+    said = _lines(out, "Tune's saved state names checkpoint_000002")
+    assert len(said) == 1 and "restoring the newest intact one, checkpoint_000004 (iteration 4)" in said[0]
+    assert "restored checkpoint_000004 from storage" in out
+    assert t.step()["rayrl"]["restored_newer_than_registered"] == 1
+    t._last_result = {"training_iteration": 5}
+    saved = t.save()
+    assert Path(saved.checkpoint.path).name == "checkpoint_000005"
+    assert t._rayrl_uploader.drain(15)
+    assert manifest.read(Path(trial) / "checkpoint_000004")["meta"]["training_iteration"] == 4  # untouched
+
+
+def test_a_kill_with_newer_checkpoints_only_in_tier1_restores_them_and_uploads_them(tmp_path, capsys):
+    """SIGKILL while checkpoints 3 and 4 were still uploading: storage has 2 (what the state names), tier 1
+    on the same node has 2-4 intact. The restore loads 4 from tier 1 and sends 3 and 4 to storage."""
+    settings = ck.TierSettings(local_dir=str(tmp_path / "tier1"), keep=3)
+    trial = str(tmp_path / "storage" / "PPO_1")
+    copies = {i: _tier1_copy(settings, trial, i) for i in (2, 3, 4)}
+    upload.upload(copies[2], FS, f"{trial}/checkpoint_000002")
+    t = _trainable(settings, FS, trial)
+    t._storage.current_checkpoint_index = 2
+    t.restore(_registered(FS, f"{trial}/checkpoint_000002", 2))
+    assert _Algorithm.restored == [str(copies[4])]
+    out = capsys.readouterr().out
+    assert "checkpoint_000003, checkpoint_000004); uploading them again" in out
+    assert t._rayrl_uploader.drain(15)
+    assert sorted(p.name for p in Path(trial).iterdir()) == [f"checkpoint_00000{i}" for i in (2, 3, 4)]
+    assert t._storage.current_checkpoint_index == 4
+
+
+def test_another_trials_checkpoint_is_restored_as_named(tmp_path):
+    """A checkpoint from another trial's folder (a user's --resume-from, PBT-style exploits) is meant as
+    named: its trial's newer checkpoints are not taken."""
+    settings = ck.TierSettings(local_dir=str(tmp_path / "tier1"), keep=3)
+    other = str(tmp_path / "storage" / "PPO_other")
+    for i in (1, 2):
+        upload.upload(_tier1_copy(settings, other, i), FS, f"{other}/checkpoint_{i:06d}")
+    t = _trainable(settings, FS, str(tmp_path / "storage" / "PPO_1"))
+    t.restore(_registered(FS, f"{other}/checkpoint_000001", 1))
+    assert [Path(p).name for p in _Algorithm.restored] == ["checkpoint_000001"]
+    assert t._storage.current_checkpoint_index == -1
 
 
 # ---- 3. a full tier-1 disk ----------------------------------------------------------------------------

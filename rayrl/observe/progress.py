@@ -6,6 +6,7 @@ import csv
 import io
 import math
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -59,10 +60,16 @@ class HistoryWriter(Callback):
 
     After a recovery Tune replays iterations from the last checkpoint, so an iteration can appear
     twice: the last row for a (trial_id, training_iteration) pair is the one that counts. Each row
-    is one fsync'd append, cut back on failure, so the file never ends in half a row. The upload
-    (the whole file, one object) happens at most every ``upload_s`` seconds and at the end.
+    is one fsync'd append, cut back on failure, so the file never ends in half a row.
 
-    A failed write (a full disk) must not surface as a traceback from inside Tune: the error is
+    The upload (the whole file, one object) runs at most every ``upload_s`` seconds in a background
+    thread, and once more at the end: a slow or unreachable bucket must not stall Tune's loop or end
+    the run (the checkpoints' uploader decides when storage trouble stops training). A failed upload
+    is printed once per distinct error; rows not yet in the bucket are marked in the mirror
+    (``mirror.UNSENT``), so the next start sends the local file instead of letting the bucket's older
+    copy replace it.
+
+    A failed local write (a full disk) must not surface as a traceback from inside Tune: the error is
     kept and raised from ``on_step_end`` of the next loop, where Tune lets it end ``fit()``
     unchanged; `rayrl train` and the sweep print it as one paragraph and exit 1, every file intact.
     """
@@ -74,6 +81,21 @@ class HistoryWriter(Callback):
         self.upload_s = upload_s
         self._uploaded = 0.0
         self.failed: StorageError | None = None
+        self.upload_failures = 0
+        self._said: set[str] = set()
+        self._lock = threading.Lock()
+        self._sender: threading.Thread | None = None
+
+    def __getstate__(self) -> dict:  # Tune pickles callbacks with the experiment: no thread or lock
+        state = dict(self.__dict__)
+        state["_lock"], state["_sender"] = None, None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self.__dict__.setdefault("upload_failures", 0)
+        self.__dict__.setdefault("_said", set())
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         if self.failed is not None:
@@ -81,27 +103,69 @@ class HistoryWriter(Callback):
         batch, lr = trial_batch_lr(trial)
         row = history_row(result, trial.trial_id, self.phase, batch, lr)
         try:
-            files.append_line(
-                self.path,
-                _csv_line(row.get(c) for c in runfolder.HISTORY_COLUMNS),
-                header=_csv_line(runfolder.HISTORY_COLUMNS),
-            )
-            if self.store is not None and time.monotonic() - self._uploaded >= self.upload_s:
-                self._upload()
+            with self._lock:
+                files.append_line(
+                    self.path,
+                    _csv_line(row.get(c) for c in runfolder.HISTORY_COLUMNS),
+                    header=_csv_line(runfolder.HISTORY_COLUMNS),
+                )
+                if self.store is not None and self.store.remote:
+                    self.store.mark_unsent(self.path.name)
         except StorageError as exc:
             self.failed = exc
+            return
+        busy = self._sender is not None and self._sender.is_alive()
+        if self.store is not None and not busy and time.monotonic() - self._uploaded >= self.upload_s:
+            self._uploaded = time.monotonic()
+            self._sender = threading.Thread(target=self._upload, name="rayrl-history-upload", daemon=True)
+            self._sender.start()
 
-    def _upload(self) -> None:
-        self.store.upload(self.path.name)
-        self._uploaded = time.monotonic()
+    def _upload(self) -> bool:
+        """Send the file as it is now; marked sent only if no row was appended meanwhile."""
+        name = self.path.name
+        with self._lock:
+            try:
+                data = self.path.read_bytes()
+            except OSError:
+                return False
+        try:
+            self.store.send(name, data)
+        except OSError as exc:
+            self.upload_failures += 1
+            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if text not in self._said and len(self._said) < 5:
+                self._said.add(text)
+                print(
+                    f"[rayrl] {name} could not be uploaded ({text}); training goes on, the local copy keeps "
+                    f"every row and is sent again within {self.upload_s:g}s of the next result and at the next "
+                    "start. This error is printed once.",
+                    flush=True,
+                )
+            return False
+        with self._lock:
+            if self.path.stat().st_size == len(data):
+                self.store.mark_sent(name)
+        return True
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
         if self.failed is not None:
             raise self.failed
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
-        if self.store is not None and self.failed is None:
-            self._upload()
+        if self.store is None or self.failed is not None:
+            return
+        if self._sender is not None:
+            self._sender.join(FINAL_UPLOAD_WAIT_S)
+        if not self._upload():
+            print(
+                f"[rayrl] {self.path.name} is complete in {self.path.parent} but not in the bucket yet; "
+                "the next start of this run sends it",
+                flush=True,
+            )
+
+
+#: how long the end of a run waits for an upload of history.csv already under way
+FINAL_UPLOAD_WAIT_S = 60.0
 
 
 def _csv_line(values: Any) -> str:

@@ -225,8 +225,20 @@ def _indices(fs: Any, trial_fs_path: str, root: Path) -> set[int]:
     return {int(n[11:]) for n in names if n.startswith("checkpoint_") and n[11:].isdigit()}
 
 
-def choose(fs: Any, registered: str, settings: TierSettings) -> Choice | None:
-    """The newest intact, signed checkpoint at or before ``registered`` (local copy first, then storage).
+def index_of(name: str) -> int | None:
+    """N of ``checkpoint_N`` (Tune's folder name), else None."""
+    name = posixpath.basename(name.rstrip("/"))
+    return int(name[11:]) if name.startswith("checkpoint_") and name[11:].isdigit() else None
+
+
+def choose(fs: Any, registered: str, settings: TierSettings, newer: bool = False) -> Choice | None:
+    """The newest intact, signed checkpoint at or before ``registered`` (local copy first, then storage);
+    with ``newer``, also the trial's checkpoints after it.
+
+    ``newer`` is for a trial restoring its own checkpoint: Tune's experiment state is written every few
+    seconds, so after a crash it may name a checkpoint that Tune had already replaced and deleted,
+    while newer complete ones sit in storage or tier 1; taking only those at or before it would start
+    the trial over from iteration 0. (Not for a checkpoint of another trial, which is meant as named.)
 
     None when no checkpoint of the trial has a manifest at all (made before rayrl wrote them, or
     never uploaded): the caller decides (see :func:`unmanifested`). Raises SpecError when the tier-1
@@ -235,7 +247,7 @@ def choose(fs: Any, registered: str, settings: TierSettings) -> Choice | None:
     trial_fs_path, name = posixpath.split(registered.rstrip("/"))
     root = trusted_root(settings, trial_fs_path)
     judge = _Trust(settings)
-    newest = int(name[11:]) if name.startswith("checkpoint_") and name[11:].isdigit() else None
+    newest = None if newer else index_of(name)
     indices = sorted((i for i in _indices(fs, trial_fs_path, root) if newest is None or i <= newest), reverse=True)
     rejected: list[tuple[str, str]] = []
     any_manifest = False
@@ -285,7 +297,8 @@ def choose(fs: Any, registered: str, settings: TierSettings) -> Choice | None:
     tried = "; ".join(f"{c}: {why}" for c, why in rejected)
     if judge.refusal:
         raise UntrustedCheckpoint(f"{judge.refusal} Checkpoints tried in {trial_fs_path}: {tried}")
-    raise NoIntactCheckpoint(f"no intact checkpoint in {trial_fs_path} at or before {name}: {tried}")
+    where = "" if newer else f" at or before {name}"
+    raise NoIntactCheckpoint(f"no intact checkpoint in {trial_fs_path}{where}: {tried}")
 
 
 def unuploaded(fs: Any, registered: str, settings: TierSettings) -> list[Path]:
@@ -298,9 +311,9 @@ def unuploaded(fs: Any, registered: str, settings: TierSettings) -> list[Path]:
     first would leave the oldest pending while Tune deletes it).
     """
     trial_fs_path, name = posixpath.split(registered.rstrip("/"))
-    if not (name.startswith("checkpoint_") and name[11:].isdigit()):
+    newest = index_of(name)
+    if newest is None:
         return []
-    newest = int(name[11:])
     root = trusted_root(settings, trial_fs_path)
     judge = _Trust(settings)
     found = []

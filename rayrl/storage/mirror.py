@@ -64,6 +64,18 @@ class RunStore:
         if self.remote and (self.local_dir / rel).exists():
             self._send(rel, (self.local_dir / rel).read_bytes())
 
+    def send(self, rel: str, data: bytes) -> None:
+        """Upload ``data`` as ``rel``, leaving the marks to the caller (:meth:`mark_unsent` before,
+        :meth:`mark_sent` after, when it knows the local file did not grow meanwhile)."""
+        files.write_bytes(self.loc.fs, self.loc.join(rel), data)
+
+    def mark_unsent(self, rel: str) -> None:
+        """``rel`` changed locally and the bucket lacks the change (a write only when that is news)."""
+        self._mark(rel, failed=True)
+
+    def mark_sent(self, rel: str) -> None:
+        self._mark(rel, failed=False)
+
     # A failed upload is written down (UNSENT) so the next start sends the local file instead of
     # letting the bucket's older copy, or its absence, win over it.
     def unsent(self) -> list[str]:

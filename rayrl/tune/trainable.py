@@ -173,8 +173,10 @@ class TieredCheckpoints(_Trainable):
         if not isinstance(checkpoint_path, _TrainingResult):
             return super().restore(checkpoint_path)
         registered = checkpoint_path.checkpoint
+        storage = getattr(self, "_storage", None)
+        own = storage is not None and posixpath.dirname(registered.path.rstrip("/")) == storage.trial_fs_path
         try:
-            choice = ck.choose(registered.filesystem, registered.path, self._rayrl_tier)
+            choice = ck.choose(registered.filesystem, registered.path, self._rayrl_tier, newer=own)
         except ck.UntrustedCheckpoint as exc:
             # A wrong key or a tampered checkpoint: fail (the trial's error names the fix) rather than
             # start over on top of a run the user can resume once the key is right.
@@ -208,7 +210,12 @@ class TieredCheckpoints(_Trainable):
                 flush=True,
             )
         metrics = dict(checkpoint_path.metrics)
-        if choice.rejected:
+        chosen, named = ck.index_of(choice.path.name), ck.index_of(registered.path)
+        if own and chosen is not None and (named is None or chosen > named):
+            self._newer_than_registered(registered.path, choice)
+            metrics = {**metrics, **choice.meta}
+        if choice.rejected and (named is None or chosen is None or chosen < named):
+            # the named checkpoint itself did not verify (newer ones skipped above were cut-short uploads)
             event = ck.record_fallback(
                 registered.filesystem, posixpath.dirname(registered.path), registered.path, choice
             )
@@ -217,9 +224,26 @@ class TieredCheckpoints(_Trainable):
         if choice.downloaded_bytes:
             ck.record_download(registered.filesystem, posixpath.dirname(registered.path), choice)
             self._rayrl_events = {**self._rayrl_events, "restore_downloaded_bytes": choice.downloaded_bytes}
-        self._reupload(registered.filesystem, registered.path)
+        restored = f"{posixpath.dirname(registered.path.rstrip('/'))}/{choice.path.name}"
+        self._reupload(registered.filesystem, restored)
         local = Checkpoint.from_directory(str(choice.path))
         return super().restore(_TrainingResult(checkpoint=local, metrics=metrics))
+
+    def _newer_than_registered(self, registered: str, choice: ck.Choice) -> None:
+        """Restoring a checkpoint newer than the one Tune's saved state names: say so, and move the
+        trial's checkpoint index past it, so the next save takes a fresh folder instead of overwriting
+        that newer checkpoint (and a later restore cannot pick an older one by its higher index)."""
+        index = ck.index_of(choice.path.name)
+        storage = self._storage
+        if index is not None and storage.current_checkpoint_index < index:
+            storage.current_checkpoint_index = index
+        print(
+            f"[rayrl] Tune's saved state names {posixpath.basename(registered.rstrip('/'))}, written before "
+            f"newer checkpoints; restoring the newest intact one, {choice.path.name} (iteration "
+            f"{choice.meta.get('training_iteration', '?')})",
+            flush=True,
+        )
+        self._rayrl_events = {**self._rayrl_events, "restored_newer_than_registered": 1}
 
     def _reupload(self, fs: Any, registered: str) -> None:
         """Queue the intact, signed tier-1 copies storage lacks (an upload a crash cut short), in the
