@@ -273,6 +273,32 @@ def test_fault_tolerance_from_drills():
     assert acceptance.check_restore(None).verdict == NA
 
 
+def test_checkpoints_kept_reads_the_train_summarys_counts():
+    """summary.json's ``checkpoints`` (the tiered trainable's counts): a skipped checkpoint or a restart
+    from iteration 0 fails the fault-tolerance part; retried upload failures alone do not."""
+    from rayrl.train.run import checkpoint_counts
+
+    metrics = {"rayrl": {"checkpoint_uploads": 12, "checkpoint_upload_failures": 4, "checkpoints_skipped": 0}}
+    counts = checkpoint_counts(metrics)
+    assert counts == {
+        "uploaded": 12,
+        "upload_failures": 4,
+        "skipped": 0,
+        "pending": 0,
+        "tier1_reuploads": 0,
+        "restarted_fresh": 0,
+        "restored_newer_than_registered": 0,
+    }
+    c = acceptance.check_checkpoints(counts)
+    assert c.verdict == PASS and c.part == "fault tolerance"
+    assert c.measured == "12 uploaded, 4 failed attempts (retried), 0 skipped, 0 re-uploaded from tier 1"
+    assert acceptance.check_checkpoints({**counts, "skipped": 2}).verdict == FAIL
+    fresh = acceptance.check_checkpoints({**counts, "restarted_fresh": 1})
+    assert fresh.verdict == FAIL and "started over from iteration 0" in fresh.measured
+    assert checkpoint_counts({"training_iteration": 3}) is None  # Tune's own persistence: not counted
+    assert acceptance.check_checkpoints(None).verdict == NA
+
+
 def test_part_verdicts():
     C = acceptance.Check
     checks = [

@@ -342,13 +342,14 @@ def test_history_uploads_failing_never_end_the_run_and_no_row_is_lost(s3_server,
             assert time.monotonic() - started < 1.0
             writer._sender.join(60)
         said = [line for line in capsys.readouterr().out.splitlines() if "could not be uploaded" in line]
-        assert len(said) == 1 and "training goes on" in said[0], said
+        assert len(said) == 1 and "training goes on" in said[0], said  # one line for the outage
         assert writer.upload_failures == 3 and writer.failed is None
         assert paths.store.unsent() == ["history.csv"] and bucket_rows() == 1
         proxy.unblock()
         writer.on_trial_result(5, [], *_history_result("t1", 5))
         writer._sender.join(30)
         assert bucket_rows() == 5 and paths.store.unsent() == []
+        assert "history.csv uploaded again (3 failed attempts so far)" in capsys.readouterr().out
         # A driver killed between uploads: row 6 is local only; the next start keeps it and sends it.
         writer.upload_s = 3600.0
         writer.on_trial_result(6, [], *_history_result("t1", 6))

@@ -182,4 +182,7 @@ def test_rayrl_train_resumes_after_a_kill(tmp_path):
     assert summary["env_steps"] >= 40000
     # the counters run on: iterations and env steps never restart at zero
     assert summary["iterations"] >= killed_at
+    # the report's fault part reads these: the resumed process uploaded, skipped none, did not start over
+    counts = summary["checkpoints"]
+    assert counts["uploaded"] >= 1 and counts["skipped"] == 0 and counts["restarted_fresh"] == 0, counts
     assert "iter" in second.stdout and "env steps" in second.stdout

@@ -217,6 +217,21 @@ def check_restore(drill: dict | None, t: Thresholds = Thresholds()) -> Check:
     return Check("fault tolerance", name, thr, _pct(float(rate)), PASS if rate >= t.restore_rate_min else FAIL)
 
 
+def check_checkpoints(counts: dict | None) -> Check:
+    """The run's last trial process kept every checkpoint (none skipped under back-pressure) and did not
+    start over from iteration 0; upload failures (retried) and tier-1 re-uploads are shown beside."""
+    name, thr = "checkpoints kept (last trial process)", "0 skipped, no restart from iteration 0"
+    if not counts:
+        return Check("fault tolerance", name, thr, "not reported (a sweep, or a run before rayrl counted them)", NA)
+    skipped, fresh = counts.get("skipped", 0), counts.get("restarted_fresh", 0)
+    text = (
+        f"{counts.get('uploaded', 0)} uploaded, {counts.get('upload_failures', 0)} failed attempts (retried), "
+        f"{skipped} skipped, {counts.get('tier1_reuploads', 0)} re-uploaded from tier 1"
+        + ("; started over from iteration 0" if fresh else "")
+    )
+    return Check("fault tolerance", name, thr, text, PASS if not skipped and not fresh else FAIL)
+
+
 def part_verdicts(checks: Sequence[Check]) -> dict[str, str]:
     """A part fails if any check fails, passes if any passes (and none fails), else N/A."""
     out = {}

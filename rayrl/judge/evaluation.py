@@ -17,6 +17,7 @@ import pandas as pd
 from rayrl.judge.acceptance import (
     Check,
     Thresholds,
+    check_checkpoints,
     check_cost,
     check_gpu_util,
     check_loss,
@@ -155,4 +156,6 @@ def evaluate(run: RunFolder, baseline: RunFolder | None = None, t: Thresholds | 
         where = f" of {baseline.name}" if baseline is not None else ""
         checks.append(check_cost(value, base, f"{ours} vs {theirs}{where}", t))
     checks += [check_recovery(run.drill, t), check_restore(run.drill, t)]
+    if run.kind == "train":
+        checks.append(check_checkpoints(run.summary.get("checkpoints")))
     return checks

@@ -36,6 +36,16 @@ GRAD_NORM = "rayrl/grad_norm"  #: pre-clip global gradient norm
 TOTAL_LOSS = "rayrl/total_loss"
 HUNG_RUNNER_RESTARTS = "rayrl/hung_runner_restarts"  #: EnvRunners the watchdog restarted (this process)
 CHECKPOINT_UPLOAD_FAILURES = "rayrl/checkpoint_upload_failures"  #: failed upload attempts (retried)
+#: the tiered trainable's checkpoint counts (this trial process), for summary.json's ``checkpoints``
+CHECKPOINT_COUNTS = {
+    "uploaded": "rayrl/checkpoint_uploads",
+    "upload_failures": CHECKPOINT_UPLOAD_FAILURES,
+    "skipped": "rayrl/checkpoints_skipped",
+    "pending": "rayrl/checkpoint_uploads_pending",
+    "tier1_reuploads": "rayrl/tier1_reuploads",
+    "restarted_fresh": "rayrl/restarted_fresh",
+    "restored_newer_than_registered": "rayrl/restored_newer_than_registered",
+}
 
 
 def return_key(judged_by: str) -> str:

@@ -82,7 +82,7 @@ class HistoryWriter(Callback):
         self._uploaded = 0.0
         self.failed: StorageError | None = None
         self.upload_failures = 0
-        self._said: set[str] = set()
+        self._failing = False  #: the last upload failed (its line printed; the next success says so)
         self._lock = threading.Lock()
         self._sender: threading.Thread | None = None
 
@@ -95,7 +95,7 @@ class HistoryWriter(Callback):
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self.__dict__.setdefault("upload_failures", 0)
-        self.__dict__.setdefault("_said", set())
+        self.__dict__.setdefault("_failing", False)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         if self.failed is not None:
@@ -132,19 +132,22 @@ class HistoryWriter(Callback):
             self.store.send(name, data)
         except OSError as exc:
             self.upload_failures += 1
-            text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            if text not in self._said and len(self._said) < 5:
-                self._said.add(text)
+            if not self._failing:  # one line per outage, not one per attempt
+                self._failing = True
+                text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 print(
                     f"[rayrl] {name} could not be uploaded ({text}); training goes on, the local copy keeps "
-                    f"every row and is sent again within {self.upload_s:g}s of the next result and at the next "
-                    "start. This error is printed once.",
+                    f"every row and is sent again {self.upload_s:g}s after the last try, on a result, and at the "
+                    "next start (a line says when it is through)",
                     flush=True,
                 )
             return False
         with self._lock:
             if self.path.stat().st_size == len(data):
                 self.store.mark_sent(name)
+        if self._failing:
+            self._failing = False
+            print(f"[rayrl] {name} uploaded again ({self.upload_failures} failed attempts so far)", flush=True)
         return True
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:

@@ -73,6 +73,7 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         ),
         "checkpoint_fallbacks": fallbacks(paths.run_dir),
         "hung_runner_restarts": keys.lookup(metrics, keys.HUNG_RUNNER_RESTARTS),
+        "checkpoints": checkpoint_counts(metrics),
     }
     if len(grid) > 1:  # a population: the best member's figures above, and each member's id
         if (paths.run_dir / runfolder.POPULATION).exists():  # appended locally by the scheduler; the bucket too
@@ -85,6 +86,15 @@ def run(spec: Spec, paths: runtime.RunPaths) -> dict:
         }
     paths.write_json(runfolder.SUMMARY, summary)
     return summary
+
+
+def checkpoint_counts(metrics: dict) -> dict | None:
+    """The last result's checkpoint counts (the trial process that ran last; a restart starts them at 0);
+    None where the trainable reported none (untiered Tune persistence)."""
+    found = {name: keys.lookup(metrics, key) for name, key in keys.CHECKPOINT_COUNTS.items()}
+    if found["uploaded"] is None:
+        return None
+    return {name: int(v or 0) for name, v in found.items()}
 
 
 def _count_rows(path: Path) -> int:
