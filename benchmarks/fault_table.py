@@ -141,12 +141,14 @@ def usual_gap(rows: Sequence[Row], until: float) -> float:
     return statistics.median(gaps) if gaps else float("nan")
 
 
-def first_restore(rows: Sequence[Row], since: float) -> int | None:
+def first_restore(rows: Sequence[Row], since: float, starts: Sequence[float] = ()) -> int | None:
     """The first iteration trained after the first restore at or after ``since`` (the iteration counter
-    going back, or a fresh process going on), None when there was none."""
+    going back, or the first row of a process started at ``starts`` at or after ``since``: a restore to
+    the newest checkpoint goes on counting), None when there was none."""
     ordered = sorted(rows, key=lambda r: r.t)
+    fresh = sorted(s for s in starts if s >= since)
     for prev, row in zip(ordered, ordered[1:]):
-        if row.t >= since and row.iteration <= prev.iteration:
+        if row.t >= since and (row.iteration <= prev.iteration or (fresh and prev.t < fresh[0] <= row.t)):
             return row.iteration
     return None
 
@@ -744,7 +746,7 @@ def outcome(
     before = [r for r in rows if r.t <= t_fault]
     after = [r for r in rows if r.t > t_end]
     stop = max((run.ended or 0.0) for run in ctx.runs)
-    resumed = first_restore(rows, t_fault)
+    resumed = first_restore(rows, t_fault, [run.started for run in ctx.runs])
     return {
         "files_lost": len(lost),
         "lost": lost,

@@ -94,6 +94,9 @@ def test_the_restore_point_and_the_history_rows_lost_beyond_the_allowed_lag():
     assert F.first_restore(history, since=20) == 5  # trained iteration 5 again: restored checkpoint_000003
     assert F.first_restore(history, since=50) is None
     assert F.first_restore(rows((1, 1), (9, 1)), since=5) == 1  # a fresh start
+    # a rerun restoring the newest checkpoint goes on counting: its process's first row is the restore
+    assert F.first_restore(rows((1, 3), (2, 4), (30, 5)), since=10, starts=[0, 20]) == 5
+    assert F.first_restore(rows((1, 3), (2, 4), (30, 5)), since=10) is None
     # the fault at t=16: rows 2-6 never reached the bucket; those written more than 10 s before it count
     assert F.rows_lost_late(history, [2, 3, 4, 5, 6], t_fault=16, allowed_s=10) == [2, 3, 4]
     assert F.rows_lost_late(history, [5, 6], t_fault=16, allowed_s=10) == []
