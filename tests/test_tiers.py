@@ -211,6 +211,17 @@ def test_a_state_naming_a_pruned_checkpoint_restores_the_newest_intact_one_not_i
     assert Path(saved.checkpoint.path).name == "checkpoint_000005"
     assert t._rayrl_uploader.drain(15)
     assert manifest.read(Path(trial) / "checkpoint_000004")["meta"]["training_iteration"] == 4  # untouched
+    # Tune never registered 3 and 4, so it would never delete them: the trainable does, as Tune does
+    # with the ones it knows (keep 2: N - 2 goes when N registers).
+    assert _checkpoints_in(trial) == ["checkpoint_000004", "checkpoint_000005"]
+    t._last_result = {"training_iteration": 6}
+    t.save()
+    assert t._rayrl_uploader.drain(15)
+    assert _checkpoints_in(trial) == ["checkpoint_000005", "checkpoint_000006"]
+
+
+def _checkpoints_in(trial: str) -> list[str]:
+    return sorted(p.name for p in Path(trial).iterdir() if p.name.startswith("checkpoint_"))
 
 
 def test_a_kill_with_newer_checkpoints_only_in_tier1_restores_them_and_uploads_them(tmp_path, capsys):
@@ -374,9 +385,14 @@ def test_each_upload_failure_is_counted_and_each_distinct_error_printed_once(tmp
         for i in (1, 2):
             refused.submit(_tier1_copy(settings, trial, i), fs, f"{trial}/checkpoint_{i:06d}")
         assert refused.drain(60)
-    assert refused.stats.failed_attempts == 6 and refused.stats.distinct_errors == 1
+    # Six refusals; on a loaded machine a first connection to the fresh server can fail (seen once in CI-like
+    # runs: NETWORK_CONNECTION), which is retried and printed as its own error.
     said = _lines(capsys.readouterr().out, "[rayrl] checkpoint upload of")
-    assert len(said) == 1 and "ACCESS_DENIED" in said[0]
+    transient = [line for line in said if "NETWORK_CONNECTION" in line]
+    attempts = refused.stats.failed_attempts
+    assert (attempts == 6 if not transient else attempts > 6) and len(refused.stats.given_up) == 2
+    assert [line for line in said if line not in transient] == [said[-1]] and "ACCESS_DENIED" in said[-1]
+    assert refused.stats.distinct_errors == len(said) <= 2
 
 
 def test_error_key_takes_out_only_the_checkpoint_index():

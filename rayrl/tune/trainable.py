@@ -91,6 +91,7 @@ class TieredCheckpoints(_Trainable):
             self._rayrl_stall_s = time.perf_counter() - start
             return _TrainingResult(checkpoint=None, metrics=metrics)
         storage._update_checkpoint_index(metrics)
+        self._prune_orphans(storage)
         dest = storage.checkpoint_fs_path
         root = ck.trusted_root(self._rayrl_tier, storage.trial_fs_path)
         local = root / posixpath.basename(dest)
@@ -235,8 +236,11 @@ class TieredCheckpoints(_Trainable):
         that newer checkpoint (and a later restore cannot pick an older one by its higher index)."""
         index = ck.index_of(choice.path.name)
         storage = self._storage
+        named = ck.index_of(registered)
         if index is not None and storage.current_checkpoint_index < index:
             storage.current_checkpoint_index = index
+        if index is not None:  # Tune never registered these, so it will never delete them: we do
+            self._rayrl_orphans = list(range((named if named is not None else -1) + 1, index + 1))
         print(
             f"[rayrl] Tune's saved state names {posixpath.basename(registered.rstrip('/'))}, written before "
             f"newer checkpoints; restoring the newest intact one, {choice.path.name} (iteration "
@@ -244,6 +248,24 @@ class TieredCheckpoints(_Trainable):
             flush=True,
         )
         self._rayrl_events = {**self._rayrl_events, "restored_newer_than_registered": 1}
+
+    def _prune_orphans(self, storage: Any) -> None:
+        """Delete the checkpoints a restore took beyond Tune's state (``_newer_than_registered``) once
+        ``keep`` newer ones are registered, as Tune deletes the ones it knows; by then the back-pressure
+        has let at most ``keep - 2`` of those newer ones be pending, so storage still holds complete ones."""
+        orphans = getattr(self, "_rayrl_orphans", None)
+        if not orphans:
+            return
+        due = [i for i in orphans if i <= storage.current_checkpoint_index - self._rayrl_tier.keep]
+        for i in due:
+            path = f"{storage.trial_fs_path}/checkpoint_{i:06d}"
+            try:
+                storage.storage_filesystem.delete_dir(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # a leftover folder, not a reason to stop training
+                print(f"[rayrl] could not delete {path}, a checkpoint older than the newest kept: {exc}", flush=True)
+        self._rayrl_orphans = [i for i in orphans if i not in due]
 
     def _reupload(self, fs: Any, registered: str) -> None:
         """Queue the intact, signed tier-1 copies storage lacks (an upload a crash cut short), in the
