@@ -64,6 +64,26 @@ def subprocess_env(**extra: str) -> dict:
     return env
 
 
+def kill_session(session: int, timeout: float = 60) -> None:
+    """SIGKILL every process of a session a test started (``start_new_session=True``) and wait until
+    none is left: Ray puts its workers in process groups of their own, so ``killpg`` on the driver's
+    group leaves them running for seconds, writing files a test has just wiped."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if os.getsid(int(name)) == session:
+                    left.append(int(name))
+                    os.kill(int(name), signal.SIGKILL)
+        if not left:
+            return
+        assert time.monotonic() < deadline, f"processes {left} of session {session} outlived SIGKILL"
+        time.sleep(0.2)
+
+
 def free_port() -> int:
     """A TCP port nobody listens on now (tests start several Ray heads on one machine)."""
     with socket.socket() as s:

@@ -17,7 +17,7 @@ import time
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, state_names_a_checkpoint, subprocess_env
+from conftest import ROOT, kill_session, state_names_a_checkpoint, subprocess_env
 
 from rayrl.observe import keys
 from rayrl.storage import checkpoints as ck
@@ -179,13 +179,14 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        kill_session(proc.pid)  # the node is gone: its Ray workers too, before the wipe (not after it)
     killed_at = int(pd.read_csv(history)[keys.ITERATION].max())
     wipe()
     more = _run(TRAIN, env)
     # The checkpoint came from the bucket: its bytes were downloaded (no local copy was left to read).
     listed = s3_server.client.list_objects_v2(Bucket=s3_server.bucket, Prefix="e2e/tr/tune/").get("Contents", [])
     downloads = [o["Key"] for o in listed if o["Key"].rsplit("/", 1)[-1].startswith(ck.DOWNLOAD_PREFIX)]
-    assert downloads, "the resume read no checkpoint from the bucket"
+    assert downloads, "the resume read no checkpoint from the bucket:\n" + more.stdout[-4000:]
     assert json.loads(_get(s3_server, downloads[0]))["downloaded_bytes"] > 10_000
     assert "resuming from the bucket" in more.stdout and "took over a stale lock" in more.stdout
     first = int(re.search(r"iter (\d+)", more.stdout).group(1))
