@@ -11,6 +11,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
+import psutil
 import pytest
 from conftest import ROOT, subprocess_env
 from slowproxy import SlowProxy
@@ -142,11 +143,14 @@ def test_racing_processes_on_s3_with_puts_of_up_to_1_5_s_never_hold_at_once(s3_s
 
 
 HOLDER = """
-import sys, time
+import subprocess, sys, time
 from rayrl import runtime
 paths = runtime.resolve(sys.argv[1], sys.argv[2])
 with runtime.claim(paths):
-    print("held", flush=True)
+    # a process of its own in a session of its own, as a local Ray's agents are
+    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = subprocess.Popen(["sleep", "600"], start_new_session=True, **quiet)
+    print("held", child.pid, flush=True)
     while True:
         time.sleep(0.05)
         print("writing", time.time(), flush=True)
@@ -162,8 +166,34 @@ def _holder(storage: str, name: str, env: dict) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    assert proc.stdout is not None
+    first = proc.stdout.readline().split()
+    assert first[:1] == ["held"], first
+    proc.child_pid = int(first[1])  # type: ignore[attr-defined]
     return proc
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """End the holder's child if the test failed before it was gone (it lives in a session of its own)."""
+    pid = getattr(proc, "child_pid", None)
+    if pid is not None:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+
+
+def _gone(pid: int, timeout: float = 5.0) -> bool:
+    """Whether ``pid`` has ended (a zombie waiting for its new parent counts as ended)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _last_write(out: str) -> float:
@@ -182,10 +212,13 @@ def test_a_holder_whose_lease_is_taken_stops_within_one_heartbeat(s3_server, tmp
         )
         taken = time.time()
         out, err = proc.communicate(timeout=30)
+        child_gone = _gone(proc.child_pid)  # type: ignore[attr-defined]
     finally:
         proc.kill()
+        _kill(proc)
     assert proc.returncode == lock_mod.LOST_EXIT, err[-2000:]
     assert "lost its lock: another process took it over (host other, pid 9)" in err
+    assert child_gone, "a process the holder started outlived its lost lease"
     assert _last_write(out) - taken < stale_s / 4 + 0.5  # stopped within one heartbeat (plus one request)
     # The new holder's lock is left alone (the loser deletes nothing).
     assert b"other" in s3_server.client.get_object(Bucket="rayrl", Key="fence/f/.rayrl-lock.json")["Body"].read()
@@ -206,11 +239,14 @@ def test_a_holder_cut_off_from_storage_stops_before_its_lease_can_be_taken(s3_se
         proxy.block()  # the holder's host is partitioned from the store
         cut = time.time()
         out, err = proc.communicate(timeout=60)
+        child_gone = _gone(proc.child_pid)  # type: ignore[attr-defined]
     finally:
         proc.kill()
+        _kill(proc)
         proxy.close()
     assert proc.returncode == lock_mod.LOST_EXIT, err[-2000:]
     assert "lost its lock: no renewal succeeded for" in err
+    assert child_gone, "a process the holder started outlived its lost lease"
     # It stopped writing before a taker could judge the lease stale (stale_s after its last renewal).
     assert _last_write(out) - cut < stale_s
     taker_env = {**env, "AWS_ENDPOINT_URL": s3_server.endpoint}

@@ -84,9 +84,27 @@ def _parse(data: bytes) -> dict:
 
 
 def exit_on_lost(message: str) -> None:
-    """The default reaction to a lost lease: say why and stop the process now (no cleanup that writes)."""
+    """The default reaction to a lost lease: say why and stop the process now (no cleanup that writes),
+    with every process it started: a local Ray's raylet, workers and agents would otherwise outlive
+    ``os._exit`` (the agents did, in the fault table), and a worker could go on writing."""
     print(message, file=sys.stderr, flush=True)
+    kill_descendants()
     os._exit(LOST_EXIT)
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process below this one (best effort: one that is already gone is skipped)."""
+    import psutil
+
+    try:
+        below = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for proc in below:
+        try:
+            proc.kill()
+        except psutil.Error:
+            continue
 
 
 class RunLock:
