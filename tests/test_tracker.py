@@ -73,3 +73,16 @@ def test_a_trial_whose_last_result_was_written_is_not_written_twice(tmp_path, mo
     tracker.log_trial_result(2, trial, _result(2))
     tracker.log_trial_end(trial)
     assert _scalars(tmp_path / "t1")["ray/tune/env_runners/episode_return_mean"] == [1, 2]
+
+
+def test_a_tracker_pickled_by_an_older_rayrl_restores_and_logs(tmp_path):
+    """Tune restores callbacks from the run's tuner.pkl: one written before the sampling had none of its state."""
+    import pickle
+
+    old = callbacks.TensorBoardTracker()
+    del old._tune_keys_at, old._unwritten  # what an older rayrl pickled
+    tracker = pickle.loads(pickle.dumps(old))
+    trial = _Trial(tmp_path / "t2")
+    tracker.log_trial_result(1, trial, _result(1))
+    tracker.log_trial_end(trial)
+    assert _scalars(tmp_path / "t2")["rayrl/env_steps_per_s"] == [256]

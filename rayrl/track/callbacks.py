@@ -59,6 +59,12 @@ class TensorBoardTracker(TBXLoggerCallback):
         self._tune_keys_at: dict[Any, float] = {}  #: per trial, when its ray/tune/ keys were last written
         self._unwritten: dict[Any, tuple[int, dict]] = {}  #: per trial, a result whose Tune keys were not
 
+    def __setstate__(self, state: dict) -> None:
+        # A run started by an older rayrl restores its tracker pickled without these (old tuner.pkl).
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_tune_keys_at", {})
+        self.__dict__.setdefault("_unwritten", {})
+
     def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
         now = time.monotonic()
         if trial not in self._trial_writer or now - self._tune_keys_at.get(trial, -math.inf) >= TUNE_KEYS_EVERY_S:
