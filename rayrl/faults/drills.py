@@ -110,7 +110,14 @@ def trial_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
         before = monitor.results()[-1][1]
         t_kill = kill_pid(actor[0]["Pid"], actor[0]["Address"]["NodeID"])
         say(f"trial: killed the {cls} trial actor pid {actor[0]['Pid']} at iteration {before['iteration']}")
-        t_back = wait_for(lambda: next((t for t, _ in monitor.results(after=t_kill)), None), monitor.deadline)
+
+        # Timed from the retry's first result: one the killed actor sent just before the kill can
+        # still reach the driver after it, and would read as a recovery in milliseconds.
+        def back() -> float | None:
+            retried = monitor.first("recover", after=t_kill)
+            return None if retried is None else next((t for t, _ in monitor.results(after=retried)), None)
+
+        t_back = wait_for(back, monitor.deadline)
         if t_back:
             wait_for(lambda: after_recovery(monitor, t_back), monitor.deadline)
         return {
@@ -125,7 +132,7 @@ def trial_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
         return outcome("trial", False, None, problem=info.get("problem", "no kill"))
     t_kill, t_back = info["t_kill"], info.get("t_back")
     checkpoints = [d["iteration"] for t, k, d in monitor.events if k == "checkpoint" and t < (t_back or 0)]
-    first = next((d for t, d in monitor.results(after=t_kill)), {})
+    first = next((d for t, d in monitor.results(after=(t_back or t_kill) - 1e-6)), {})
     resumed_from = max(checkpoints) if checkpoints else None
     continued = (
         bool(first)

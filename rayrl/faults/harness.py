@@ -110,6 +110,10 @@ class Monitor:
         """(time, result) of the results seen after ``after``: recovery is timed from these."""
         return [(t, d) for t, kind, d in list(self.events) if kind == "result" and t > after]
 
+    def first(self, kind: str, after: float = 0.0) -> float | None:
+        """When the first ``kind`` event after ``after`` came, if one did."""
+        return next((t for t, k, _ in list(self.events) if k == kind and t > after), None)
+
     def count(self, kind: str, after: float = 0.0) -> int:
         """How many ``kind`` events came after ``after`` (checkpoints, retries, errors)."""
         return sum(1 for t, k, _ in list(self.events) if k == kind and t > after)
