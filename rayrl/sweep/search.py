@@ -13,7 +13,7 @@ from rayrl import spec as spec_mod
 from rayrl.observe import keys
 from rayrl.runfolder import LadderRow
 from rayrl.spec import Spec, scaled_lr, schedule, space
-from rayrl.sweep import ladder
+from rayrl.sweep import design, ladder
 
 
 class PickledSearcher(Searcher):
@@ -123,8 +123,8 @@ class Phase2Space:
         self.spec, self.dims = spec, space.dims(spec)
 
     def __call__(self, trial: Any) -> dict:
-        lr = trial.suggest_float("rayrl_lr", self.lr_min, self.lr_max, log=True)
-        batch = trial.suggest_categorical("rayrl_batch", self.ladder)
+        lr = trial.suggest_float(design.LR_PARAM, self.lr_min, self.lr_max, log=True)
+        batch = trial.suggest_categorical(design.BATCH_PARAM, self.ladder)
         out = {
             "lr": schedule.lr(self.lr0, self.lr_final, scaled_lr(lr, self.learners, self.lr_scaling), self.horizon),
             "train_batch_size_per_learner": batch,
@@ -169,7 +169,8 @@ def config_delta(spec: Spec, values: dict[str, Any], batch: int) -> dict:
 
 
 def phase2_tune_config(spec: Spec, ladder: list[int], max_concurrent: int) -> Any:
-    """TuneConfig with ASHA (or HyperBand) over env steps and a seeded Optuna TPE searcher."""
+    """TuneConfig with ASHA (or HyperBand) over env steps and a seeded Optuna TPE searcher whose first
+    trials are a Latin hypercube over lr x batch (rayrl.sweep.design), TPE's model the rest."""
     import optuna
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler
@@ -190,8 +191,13 @@ def phase2_tune_config(spec: Spec, ladder: list[int], max_concurrent: int) -> An
     # The return key is in every result (NaN until the first episode/evaluation): ASHA neither stops a
     # trial on a NaN nor counts it in a rung's cutoff; Optuna records a trial that ends on NaN as failed.
     metric = keys.return_key(spec.judged_by)
+    startup = design.startup_count(s.num_samples)
     searcher = OptunaSearch(
-        space=Phase2Space(spec, ladder), metric=metric, mode="max", sampler=optuna.samplers.TPESampler(seed=spec.seed)
+        space=Phase2Space(spec, ladder),
+        metric=metric,
+        mode="max",
+        sampler=optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=startup),
+        points_to_evaluate=design.latin_hypercube(startup, s.lr_min, s.lr_max, ladder, spec.seed),
     )
     return tune.TuneConfig(
         metric=metric,
