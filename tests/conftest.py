@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -210,6 +211,16 @@ def moto(extra_env: dict | None = None) -> Iterator[int]:
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def moto_fs(port: int, **extra: Any) -> Any:
+    """pyarrow's S3 filesystem on moto's server at ``port`` (fake credentials, buckets creatable)."""
+    import pyarrow.fs as pafs
+
+    options = dict(region="us-east-1", allow_bucket_creation=True) | extra
+    return pafs.S3FileSystem(
+        access_key="testing", secret_key="testing", endpoint_override=f"127.0.0.1:{port}", scheme="http", **options
+    )
 
 
 @pytest.fixture(scope="module")

@@ -332,17 +332,10 @@ def test_signed_checkpoints_on_an_s3_server(tmp_path):
     """moto's S3 server: a signed checkpoint restores from the bucket; one forged in the bucket (hashes
     recomputed, MAC kept) is refused and the older one restored."""
     import boto3
-    from conftest import moto
+    from conftest import moto, moto_fs
 
     with moto() as port:
-        fs = pafs.S3FileSystem(
-            access_key="testing",
-            secret_key="testing",
-            endpoint_override=f"127.0.0.1:{port}",
-            scheme="http",
-            region="us-east-1",
-            allow_bucket_creation=True,
-        )
+        fs = moto_fs(port)
         fs.create_dir("bucket")
         s = settings(tmp_path, key_file(tmp_path, "k"))
         trial = "bucket/run/tune/PPO_1"

@@ -19,9 +19,10 @@ import pytest
 import yaml
 from conftest import ROOT, kill_session, state_names_a_checkpoint, subprocess_env
 
+from rayrl.errors import SpecError
 from rayrl.observe import keys
 from rayrl.storage import checkpoints as ck
-from rayrl.storage import manifest
+from rayrl.storage import manifest, tunestate
 
 pytestmark = pytest.mark.slow
 
@@ -114,6 +115,19 @@ def _manifests(s3_server, prefix: str) -> list[str]:
     return [o["Key"] for o in listed if o["Key"].endswith("/" + manifest.NAME)]
 
 
+def _sealed(s3_server, exp: str) -> bool:
+    """Whether the bucket's experiment state at ``exp`` verifies against the driver's seal."""
+    import pyarrow.fs as pafs
+
+    host = s3_server.endpoint.removeprefix("http://")
+    fs = pafs.S3FileSystem(access_key="testing", secret_key="testing", endpoint_override=host, scheme="http")
+    try:
+        tunestate.check_remote(fs, exp)
+    except SpecError:
+        return False
+    return True
+
+
 def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path):
     home, user = tmp_path / "home", tmp_path / "user"
     # A fresh HOME and RAYRL_HOME: the mirror, tier 1 ($RAYRL_HOME/checkpoints) and anything under ~.
@@ -166,11 +180,14 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
             found = list(home.glob("runs/*/tr/history.csv"))
             # Tune records a checkpoint in its state every 10 s or after checkpoint.keep of them, and the
             # background upload of one must have finished (its manifest is written last): wait for both.
+            # ... and the driver's seal vouches for that state (a kill in the moment between the state's
+            # upload and the seal's is refused on resume: docs/security.md).
             if (
                 found
                 and len(pd.read_csv(found[0])) >= 2
                 and bucket_state_names_a_checkpoint(s3_server, "e2e/tr/tune/")
                 and _manifests(s3_server, "e2e/tr/tune/")
+                and _sealed(s3_server, "rayrl/e2e/tr/tune")
             ):
                 history = found[0]
                 break
@@ -182,13 +199,27 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
         kill_session(proc.pid)  # the node is gone: its Ray workers too, before the wipe (not after it)
     killed_at = int(pd.read_csv(history)[keys.ITERATION].max())
     wipe()
+    # Someone who can write the bucket, without the key, swaps Tune's pickled state: the resume refuses it
+    # (exit 2, the file named) and unpickles nothing; with the real file back, it resumes.
+    marker = tmp_path / "pwned"
+    evil = f"cos\nsystem\n(S'touch {marker}'\ntR.".encode()
+    real = _get(s3_server, "e2e/tr/tune/tuner.pkl")
+    s3_server.client.put_object(Bucket=s3_server.bucket, Key="e2e/tr/tune/tuner.pkl", Body=evil)
+    forged = subprocess.run(TRAIN, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    said = " ".join((forged.stdout + forged.stderr).split())  # the paragraph is wrapped to the terminal
+    assert forged.returncode == 2 and "tuner.pkl is not a version rayrl sealed" in said, (
+        forged.stdout[-3000:] + forged.stderr[-3000:]
+    )
+    assert not marker.exists() and "took over a stale lock" in said
+    s3_server.client.put_object(Bucket=s3_server.bucket, Key="e2e/tr/tune/tuner.pkl", Body=real)
+    wipe()
     more = _run(TRAIN, env)
     # The checkpoint came from the bucket: its bytes were downloaded (no local copy was left to read).
     listed = s3_server.client.list_objects_v2(Bucket=s3_server.bucket, Prefix="e2e/tr/tune/").get("Contents", [])
     downloads = [o["Key"] for o in listed if o["Key"].rsplit("/", 1)[-1].startswith(ck.DOWNLOAD_PREFIX)]
     assert downloads, "the resume read no checkpoint from the bucket:\n" + more.stdout[-4000:]
     assert json.loads(_get(s3_server, downloads[0]))["downloaded_bytes"] > 10_000
-    assert "resuming from the bucket" in more.stdout and "took over a stale lock" in more.stdout
+    assert "resuming from the bucket" in more.stdout  # (the refused start above took over the killed run's lock)
     first = int(re.search(r"iter (\d+)", more.stdout).group(1))
     assert 1 < first <= killed_at + 1  # the counters go on from the checkpoint in the bucket
     train_summary = json.loads(get("tr/summary.json"))

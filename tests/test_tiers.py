@@ -388,9 +388,10 @@ def test_each_upload_failure_is_counted_and_each_distinct_error_printed_once(tmp
     # Six refusals; on a loaded machine a first connection to the fresh server can fail (seen once in CI-like
     # runs: NETWORK_CONNECTION), which is retried and printed as its own error.
     said = _lines(capsys.readouterr().out, "[rayrl] checkpoint upload of")
-    transient = [line for line in said if "NETWORK_CONNECTION" in line]
+    # (a refusal's own text can name NETWORK_CONNECTION too, seen once under load: it counts as the refusal)
+    transient = [line for line in said if "NETWORK_CONNECTION" in line and "ACCESS_DENIED" not in line]
     attempts = refused.stats.failed_attempts
-    assert (attempts == 6 if not transient else attempts > 6) and len(refused.stats.given_up) == 2
+    assert (attempts == 6 if not transient else attempts > 6) and len(refused.stats.given_up) == 2, (attempts, said)
     assert [line for line in said if line not in transient] == [said[-1]] and "ACCESS_DENIED" in said[-1]
     assert refused.stats.distinct_errors == len(said) <= 2
 

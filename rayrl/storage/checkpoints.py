@@ -206,6 +206,34 @@ class _Trust:
         return "" if verdict == signing.OK else signing.reason(verdict, man, self.key)
 
 
+def verify_folder(folder: Path, settings: TierSettings, name: str, required: bool) -> str:
+    """Check a downloaded checkpoint folder before anything in it is unpickled: its manifest's MAC
+    (this node's key), then every listed file's size and sha256; files the manifest does not list are
+    removed. Raises UntrustedCheckpoint (the paragraph) or NoIntactCheckpoint. A folder with no
+    manifest passes only when not ``required`` (a local run folder written by an older rayrl, guarded
+    by the run folder's trust check) or under the user's opt-out. Returns why an opted-out copy is
+    unverified ("" when it verified)."""
+    judge = _Trust(settings)
+    man = manifest.read(folder)
+    if man is None:
+        if required and not judge.allow:
+            raise UntrustedCheckpoint(
+                f"{name} is refused: it has no {manifest.NAME}, so nothing proves who wrote it, and rayrl "
+                "unpickles checkpoints (docs/security.md). It was written by a rayrl that did not sign sweep "
+                f"checkpoints, or by someone else. If you trust everyone who can write this storage, set "
+                f"{signing.ALLOW_ENV}=1 for this run."
+            )
+        return "no manifest" if required else ""
+    why = judge.refused(name, man)
+    if why is not None:
+        raise UntrustedCheckpoint(judge.refusal)
+    broken = manifest.problems(folder, man)
+    if broken:
+        raise NoIntactCheckpoint(f"{name} is not the checkpoint its manifest describes: {'; '.join(broken)}")
+    _only_listed(folder, man)
+    return judge.unverified(man)
+
+
 def _only_listed(folder: Path, man: dict) -> None:
     """Remove what the (verified) manifest does not cover: only signed bytes are loaded."""
     for path in manifest.unlisted(folder, man):

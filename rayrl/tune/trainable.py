@@ -12,6 +12,7 @@ import os
 import posixpath
 import shutil
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayrl.faults.preemption import TrialPreemption
@@ -296,6 +297,38 @@ class TieredCheckpoints(_Trainable):
         elif uploader is not None and storage is not None:
             shutil.rmtree(ck.local_root(self._rayrl_tier, storage.trial_fs_path), ignore_errors=True)
         super().cleanup()
+
+
+class SignedCheckpoints(_Trainable):
+    """Signed, verified checkpoints for the sweep's trials, which keep Tune's own persistence.
+
+    Tune uploads each checkpoint folder as it is and, on a retry or a resumed sweep, downloads it and
+    hands it to RLlib, which unpickles it: so the folder gets a signed manifest before Tune uploads it,
+    and a folder loaded from remote storage must carry one that verifies (rayrl.storage.checkpoints).
+    """
+
+    _rayrl_tier: ck.TierSettings
+
+    def save_checkpoint(self, checkpoint_dir: str) -> Any:
+        out = super().save_checkpoint(checkpoint_dir)
+        meta = {"iteration": getattr(self, "_iteration", None)}
+        manifest.write(Path(checkpoint_dir), meta, key=signing.load(self._rayrl_tier.key_file))
+        return out
+
+    def load_checkpoint(self, checkpoint: Any) -> None:
+        if isinstance(checkpoint, (str, os.PathLike)):
+            storage = getattr(self, "_storage", None)
+            fs = getattr(storage, "storage_filesystem", None)
+            remote = fs is not None and getattr(fs, "type_name", "local") != "local"
+            why = ck.verify_folder(Path(checkpoint), self._rayrl_tier, f"checkpoint {checkpoint}", required=remote)
+            if why:
+                print(f"[rayrl] loading checkpoint {checkpoint} unverified ({why}): {signing.ALLOW_ENV}=1", flush=True)
+        super().load_checkpoint(checkpoint)
+
+
+def signed_trainable(base: type, settings: ck.TierSettings) -> type:
+    """``base`` (an RLlib Algorithm class) with signed, verified Tune checkpoints; same name as ``base``."""
+    return type(base.__name__, (SignedCheckpoints, base), {"_rayrl_tier": settings, "__qualname__": base.__name__})
 
 
 def tiered_trainable(base: type, settings: ck.TierSettings) -> type:

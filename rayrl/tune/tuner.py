@@ -28,8 +28,9 @@ from rayrl.storage import tunestate
 from rayrl.storage.guard import DiskGuard
 from rayrl.track.callbacks import logger_callbacks
 from rayrl.track.naming import run_name
+from rayrl.tune.sealer import StateSealer
 from rayrl.tune.stoppers import stop_criteria
-from rayrl.tune.trainable import settings_for, tiered_trainable
+from rayrl.tune.trainable import settings_for, signed_trainable, tiered_trainable
 
 
 def make_tuner(
@@ -60,6 +61,8 @@ def make_tuner(
     production = checkpoints and phase == runfolder.TRAIN
     if production:
         trainable = tiered_trainable(trainable, settings_for(spec))
+    elif checkpoints:
+        trainable = signed_trainable(trainable, settings_for(spec))
     # Tune's own console output is off (verbose=0; rayrl.observe.progress prints instead), but its
     # new reporter still prints a banner and a TensorBoard hint into Ray's session folder, not the
     # run folder; RAY_AIR_NEW_OUTPUT=0 is Tune's switch for that reporter (silent at verbose=0).
@@ -73,9 +76,14 @@ def make_tuner(
         HistoryWriter(paths.run_dir / runfolder.HISTORY, phase, store=paths.store),
         DiskGuard(paths.run_dir, experiment=None if fs else exp_path),
     ]
+    sealer = StateSealer(fs, exp_path) if fs is not None else None
+    if sealer is not None:
+        local.append(sealer)
     if tune.Tuner.can_restore(exp_path, storage_filesystem=fs):
         if fs is None:
             check_experiment_state(exp_path)
+        else:
+            tunestate.check_remote(fs, exp_path)
         alias_old_modules()  # experiments written before the layout move pickled the old module paths
         restore = dict(trainable=trainable, resume_unfinished=True, resume_errored=True, storage_filesystem=fs)
         try:
@@ -121,12 +129,15 @@ def make_tuner(
     tune_config = tune_config or tune.TuneConfig()
     tune_config.trial_dirname_creator = trial_dirname
     tune_config.trial_name_creator = functools.partial(run_name, phase=phase)  # phase, batch, lr: trackers' run name
-    return tune.Tuner(
+    tuner = tune.Tuner(
         trainable,
         param_space=param_space if param_space is not None else build_config(spec),
         tune_config=tune_config,
         run_config=run_config,
     )
+    if sealer is not None:
+        sealer.seal_tuner(tuner)
+    return tuner
 
 
 def refresh_callbacks(tuner: Any, local: list) -> None:
@@ -142,7 +153,7 @@ def refresh_callbacks(tuner: Any, local: list) -> None:
     if inner is None:  # Ray Client: the tuner runs remotely with its own pickled callbacks
         return
     run_config = inner.get_run_config()
-    kinds = (ProgressPrinter, HistoryWriter, DiskGuard)
+    kinds = (ProgressPrinter, HistoryWriter, DiskGuard, StateSealer)
     kept = [c for c in (run_config.callbacks or []) if not isinstance(c, kinds)]
     run_config.callbacks = [*local, *kept]
 
@@ -194,6 +205,8 @@ def analysis(paths: runtime.RunPaths, phase: str) -> Any:
     """
     subdir = runfolder.PHASE_DIRS[phase]
     path, fs = paths.experiment(subdir)
+    if fs is not None:
+        tunestate.check_remote(fs, path)
     result = ExperimentAnalysis(path, storage_filesystem=fs)
     if any(t.status not in ("TERMINATED", "ERROR") for t in result.trials):
         raise KeyboardInterrupt(f"{subdir} was interrupted")
