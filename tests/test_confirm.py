@@ -181,7 +181,7 @@ def test_phase2_searches_below_the_ladder_down_to_min_batch():
 def test_spec_fields_of_the_confirmation():
     spec = S.from_dict({})
     s = spec.search
-    assert (s.confirm_top_k, s.confirm_seeds, s.objective, s.min_batch) == (3, 3, "usd", 256)
+    assert (s.confirm_top_k, s.confirm_seeds, s.objective, s.min_batch) == (3, 5, "usd", 256)
     assert s.confirm_baseline is True
     assert S.from_dict({"search": {"confirm_baseline": False}}).search.confirm_baseline is False
     with pytest.raises(S.SpecError, match="search.confirm_baseline"):

@@ -306,7 +306,12 @@ class SearchSpec:
         "it (best_config.yaml is then the search's single best run)",
         min=0,
     )
-    confirm_seeds: int = doc(3, "confirmation: fresh seeds per config (never used in the ladder or the search)", min=1)
+    confirm_seeds: int = doc(
+        5,
+        "confirmation: fresh seeds per config (never used in the ladder or the search); with 3, one lucky "
+        "run moves a median (docs/benchmarks.md)",
+        min=1,
+    )
     confirm_baseline: bool = doc(
         True,
         "confirmation: the spec's own batch and lr run too (candidate 'spec' "
@@ -321,10 +326,10 @@ class SearchSpec:
         "(confirm.csv's stopped: race)",
     )
     confirm_tie: float = doc(
-        0.1,
+        0.0,
         "confirmation: a searched config ships instead of the spec's own only when its median cost is "
         "more than this fraction lower; within it they tie and the simpler one (the starting point) "
-        "ships; 0: the lowest median wins",
+        "ships; 0 (default): the lowest median wins",
         ge=0.0,
     )
     confirm_env_steps: int | None = doc(
