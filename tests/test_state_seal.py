@@ -5,6 +5,7 @@ checkpoints (rayrl.tune.trainable.SignedCheckpoints); a resume loads neither unl
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 from pathlib import Path
@@ -105,7 +106,7 @@ def tune_uploads(fs, staging: Path, exp: str) -> None:
     pafs.copy_files(str(staging), exp, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
 
 
-def test_a_resume_checks_the_bucket_against_the_seal_the_driver_wrote(key, s3, tmp_path, capsys):
+def test_a_resume_checks_the_bucket_against_the_seal_the_driver_wrote(key, s3, tmp_path, capsys, monkeypatch):
     from rayrl.tune.sealer import StateSealer
 
     exp, staging = "bucket/run1/tune", tmp_path / "staging"
@@ -132,20 +133,17 @@ def test_a_resume_checks_the_bucket_against_the_seal_the_driver_wrote(key, s3, t
     with pytest.raises(SpecError, match="searcher-state-1.pkl is not a version rayrl sealed"):
         tunestate.check_remote(s3, exp)
     # The user's opt-out lets an unverified state load (with a line) ...
-    os.environ[signing.ALLOW_ENV] = "1"
-    try:
+    monkeypatch.setenv(signing.ALLOW_ENV, "1")
+    tunestate.check_remote(s3, exp)
+    assert "unverified experiment state" in capsys.readouterr().out
+    # ... but never past a seal changed without the key.
+    with s3.open_input_stream(f"{exp}/{tunestate.SEAL}") as f:
+        seal = json.loads(f.read())
+    seal["files"]["searcher-state-1.pkl"][0][0] = sha(EVIL)
+    with s3.open_output_stream(f"{exp}/{tunestate.SEAL}") as f:
+        f.write(json.dumps(seal).encode())
+    with pytest.raises(SpecError, match="MAC wrong"):
         tunestate.check_remote(s3, exp)
-        assert "unverified experiment state" in capsys.readouterr().out
-        # ... but never past a seal changed without the key.
-        with s3.open_input_stream(f"{exp}/{tunestate.SEAL}") as f:
-            seal = __import__("json").loads(f.read())
-        seal["files"]["searcher-state-1.pkl"][0][0] = sha(EVIL)
-        with s3.open_output_stream(f"{exp}/{tunestate.SEAL}") as f:
-            f.write(__import__("json").dumps(seal).encode())
-        with pytest.raises(SpecError, match="MAC wrong"):
-            tunestate.check_remote(s3, exp)
-    finally:
-        os.environ.pop(signing.ALLOW_ENV)
 
 
 def test_a_resumed_sealer_keeps_the_uploaded_versions_and_drops_a_stale_downloaded_seal(key, s3, tmp_path):
@@ -204,13 +202,13 @@ def test_sweep_checkpoints_are_signed_and_one_from_a_bucket_loads_only_if_it_ver
     # Forged in the bucket (hashes recomputed, MAC kept): refused before RLlib sees it.
     (folder / "algorithm_state.pkl").write_bytes(EVIL)
     forged = dict(written, files={"algorithm_state.pkl": {"size": len(EVIL), "sha256": sha(EVIL)}})
-    (folder / manifest.NAME).write_text(__import__("json").dumps(forged))
+    (folder / manifest.NAME).write_text(json.dumps(forged))
     t = _trainable(remote=True)
     with pytest.raises(ck.UntrustedCheckpoint, match="MAC wrong"):
         t.load_checkpoint(str(folder))
     assert _Algorithm.loaded == []
     # Bytes changed under an intact manifest: not the checkpoint it describes.
-    (folder / manifest.NAME).write_text(__import__("json").dumps(written))
+    (folder / manifest.NAME).write_text(json.dumps(written))
     with pytest.raises(ck.NoIntactCheckpoint, match="29 bytes, manifest says 300"):
         _trainable(remote=True).load_checkpoint(str(folder))
 

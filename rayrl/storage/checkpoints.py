@@ -224,14 +224,24 @@ def verify_folder(folder: Path, settings: TierSettings, name: str, required: boo
                 f"{signing.ALLOW_ENV}=1 for this run."
             )
         return "no manifest" if required else ""
-    why = judge.refused(name, man)
-    if why is not None:
+    problem = _problem(judge, name, folder, man)
+    if problem is not None and judge.refusal:
         raise UntrustedCheckpoint(judge.refusal)
-    broken = manifest.problems(folder, man)
-    if broken:
-        raise NoIntactCheckpoint(f"{name} is not the checkpoint its manifest describes: {'; '.join(broken)}")
-    _only_listed(folder, man)
+    if problem is not None:
+        raise NoIntactCheckpoint(f"{name} is not the checkpoint its manifest describes: {problem}")
     return judge.unverified(man)
+
+
+def _problem(judge: _Trust, name: str, folder: Path, man: dict | None) -> str | None:
+    """Why ``folder`` may not be loaded (its manifest's signature first, then its files), or None after
+    removing the files the verified manifest does not list."""
+    why = judge.refused(name, man) if man is not None else None
+    found = [why] if why else manifest.problems(folder, man)
+    if found:
+        return found[0]
+    assert man is not None
+    _only_listed(folder, man)
+    return None
 
 
 def _only_listed(folder: Path, man: dict) -> None:
@@ -285,12 +295,10 @@ def choose(fs: Any, registered: str, settings: TierSettings, newer: bool = False
         remote_man, local_man = remote_manifest(fs, remote), manifest.read(local)
         any_manifest |= remote_man is not None or local_man is not None
         if local_man is not None and (remote_man is None or manifest.same_content(local_man, remote_man)):
-            why = judge.refused(f"{ckpt} (tier-1 copy in {root})", local_man)
-            found = [why] if why else manifest.problems(local, local_man)
-            if not found:
-                _only_listed(local, local_man)
+            problem = _problem(judge, f"{ckpt} (tier-1 copy in {root})", local, local_man)
+            if problem is None:
                 return Choice(local, manifest.meta(local_man), rejected, unverified=judge.unverified(local_man))
-            rejected.append((ckpt, f"local copy: {found[0]}"))
+            rejected.append((ckpt, f"local copy: {problem}"))
         if remote_man is None:
             rejected.append((ckpt, "storage copy: no manifest (upload incomplete or never made)"))
             continue
@@ -307,13 +315,11 @@ def choose(fs: Any, registered: str, settings: TierSettings, newer: bool = False
             continue
         # Judge the manifest that came down with the files: storage may have changed since the read above.
         staged_man = manifest.read(staging)
-        why = None if staged_man is None else judge.refused(f"{ckpt} (storage copy in {trial_fs_path})", staged_man)
-        found = [why] if why else manifest.problems(staging, staged_man)
-        if found or staged_man is None:
-            rejected.append((ckpt, f"storage copy: {found[0]}"))
+        problem = _problem(judge, f"{ckpt} (storage copy in {trial_fs_path})", staging, staged_man)
+        if problem is not None or staged_man is None:
+            rejected.append((ckpt, f"storage copy: {problem}"))
             shutil.rmtree(staging, ignore_errors=True)
             continue
-        _only_listed(staging, staged_man)
         shutil.rmtree(local, ignore_errors=True)
         staging.rename(local)
         size = sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
