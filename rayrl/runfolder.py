@@ -262,3 +262,10 @@ OLD_MODULES = {
     "rayrl.population": ("rayrl.train.population",),
     "rayrl.train": ("rayrl.tune.tuner", "rayrl.train.run"),
 }
+
+
+def score_share(confirm: dict) -> str:
+    """'4 of 5': how many of a candidate's seeds its score covers (a folder written before the score
+    existed ranked by the median: 'half')."""
+    first = (confirm.get("candidates") or [{}])[0]
+    return f"{first['score_k']} of {first.get('runs')}" if first.get("score_k") else "half"

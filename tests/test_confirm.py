@@ -144,8 +144,9 @@ def test_confirmation_chooses_by_the_median_not_the_luckiest_run():
         _run(3, 2000, 40_000, True),
         _run(3, 3000, 200_000, False),
     ]
-    table = confirm.summarise(runs, "env_steps")
+    table = confirm.summarise(runs, "env_steps", quantile=0.5)
     by = {c["candidate"]: c for c in table}
+    assert [c["score"] for c in table] == [c["median"] for c in table]  # 0.5 of an odd count: the median
     assert by[1]["median"] == 150_000 and by[2]["median"] == 60_000 and by[3]["median"] == math.inf
     assert by[2]["iqm"] == pytest.approx(np.mean([55_000, 60_000, 70_000]))
     assert by[1]["reached"] == 2 and by[3]["reached"] == 1 and by[2]["runs"] == 3
@@ -154,12 +155,43 @@ def test_confirmation_chooses_by_the_median_not_the_luckiest_run():
     assert confirm.choose(table)["candidate"] == 2
     # the objective decides: if candidate 1's runs cost 0.3x per env step (a cheaper batch), dollars pick it
     runs_usd = [{**r, "usd": r["env_steps"] / 1e6 * (0.3 if r["candidate"] == 1 else 1.0)} for r in runs]
-    usd = confirm.summarise(runs_usd, "usd")
+    usd = confirm.summarise(runs_usd, "usd", quantile=0.5)
     assert usd[0]["median"] == pytest.approx(0.045) and usd[1]["median"] == pytest.approx(0.06)
     assert confirm.choose(usd)["candidate"] == 1
+    # at the default quantile (all 3 of 3 seeds) candidate 1's miss on seed 3000 rules it out
+    usd75 = confirm.summarise(runs_usd, "usd")
+    assert [c["score_k"] for c in usd75] == [3, 3, 3] and usd75[0]["score"] == math.inf
+    assert confirm.choose(usd75)["candidate"] == 2
 
 
-def test_when_no_config_reaches_the_target_the_higher_median_return_wins():
+def test_a_config_that_misses_on_two_of_five_seeds_loses_to_one_that_always_reaches():
+    """The README sweep's case (docs/benchmarks.md): the spec's own config reached on 3 of 5 seeds with the
+    lower median; the searched one on 5 of 5. On unseen seeds the searched one took 5.5 s, the spec's 12.8 s."""
+    seeds = [1000, 2000, 3000, 4000, 5000]
+    runs = [_run(1, s, 0, True, usd=u) for s, u in zip(seeds, (0.000285, 0.00025, 0.0003, 0.00029, 0.00031))]
+    runs += [
+        {**_run(2, s, 0, u < 1, usd=u), "phase2_trial_id": confirm.BASELINE_ID}
+        for s, u in zip(seeds, (0.00020, 0.000247, 0.00026, 9.0, 9.0))
+    ]
+    assert confirm.choose(confirm.summarise(runs, "usd", quantile=0.5))["candidate"] == 2  # the median's choice
+    table = confirm.summarise(runs, "usd")
+    assert [(c["score_k"], c["reached"]) for c in table] == [(4, 5), (4, 3)]
+    assert table[0]["score"] == pytest.approx(0.0003) and table[1]["score"] == math.inf
+    assert confirm.choose(table)["candidate"] == 1
+    with pytest.raises(ValueError, match="quantile"):
+        confirm.score_rank(5, 0.0)
+    assert [confirm.score_rank(n) for n in (1, 2, 3, 4, 5, 8, 10)] == [1, 2, 3, 3, 4, 6, 8]
+    assert [confirm.score_rank(n, 0.5) for n in (1, 3, 4, 5)] == [1, 2, 2, 3]
+
+
+def test_when_no_config_reaches_the_target_on_enough_seeds_the_median_then_the_return_wins():
+    # 2 of 3 seeds at the target: a median, no score at 0.75 (3 of 3): the lower median wins
+    some = [_run(1, s, x, x < 100_000) for s, x in ((1, 50_000), (2, 90_000), (3, 200_000))]
+    some += [_run(2, s, x, x < 100_000) for s, x in ((1, 40_000), (2, 60_000), (3, 200_000))]
+    table = confirm.summarise(some, "env_steps")
+    assert [c["score"] for c in table] == [math.inf, math.inf] and [c["median"] for c in table] == [90_000, 60_000]
+    assert confirm.choose(table)["candidate"] == 2
+    # none at the target on most seeds: the higher median return
     runs = [
         {**_run(c, s, 8000, False), "episode_return_mean": ret}
         for c, s, ret in [(1, 1, 90.0), (1, 2, 40.0), (1, 3, 45.0), (2, 1, 60.0), (2, 2, 70.0), (2, 3, 20.0)]
@@ -222,8 +254,9 @@ def test_report_and_plot_show_every_seed_and_the_interval(tmp_path):
     assert report.main([str(root)]) == 0
     text = (root / "report.md").read_text()
     section = text[text.index("## Confirmation on fresh seeds") : text.index("## Training")]
-    assert "| **2** | p2 | 512 | 0.001 | 3/3 | 0.006 |" in section  # the chosen one, bold, median 0.006
-    assert "| 1 | p1 | 2048 | 0.0003 | 2/3 | 0.015 |" in section
+    # the chosen one, bold, score 0.007 (its worst of 3: the 0.75 quantile's ceil(2.25)-th), median 0.006
+    assert "| **2** | p2 | 512 | 0.001 | 3/3 | 0.007 | 0.006 |" in section
+    assert "| 1 | p1 | 2048 | 0.0003 | 2/3 | - | 0.015 |" in section  # a miss: no score
     assert section.count("| yes |") == 5 and section.count("| no |") == 1
     assert "| 1 | 3000 | c1_3000 | 200,000 |" in section
     data = (root / "plots" / "confirm.png").read_bytes()
@@ -237,6 +270,7 @@ def _race_choice(
     seeds: list[int],
     race: bool,
     tie: float = 0.0,
+    quantile: float = confirm.QUANTILE,
 ) -> tuple[int, float]:
     """Run every (candidate, seed) in candidate-major order, cost rising by 1 per result, to its true cost
     (inf: never reaches; stops at a budget of 100); a run that reached returns ``returns[c, s]``, one cut
@@ -245,7 +279,7 @@ def _race_choice(
     cands = sorted({c for c, _ in true})
     # the last candidate is the spec's own config (confirm_baseline), weighted by the tie allowance
     pid = {c: confirm.BASELINE_ID if c == cands[-1] else f"p{c}" for c in cands}
-    r = confirm.Race(cands, seeds, confirm.weights([{"trial_id": pid[c]} for c in cands], tie))
+    r = confirm.Race(cands, seeds, confirm.weights([{"trial_id": pid[c]} for c in cands], tie), quantile)
     rows, spent = [], 0.0
     for c in cands:
         for s in seeds:
@@ -274,31 +308,35 @@ def _race_choice(
                     "episode_return_mean": ret,
                 }
             )
-    return confirm.choose(confirm.summarise(rows, "env_steps"), tie)["candidate"], spent
+    return confirm.choose(confirm.summarise(rows, "env_steps", quantile=quantile), tie)["candidate"], spent
 
 
+@pytest.mark.parametrize("quantile", [0.5, 0.75])
 @pytest.mark.parametrize("n_seeds", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("grid", [False, True])
-def test_the_race_chooses_what_the_full_confirmation_chooses_and_spends_less(n_seeds, grid):
+def test_the_race_chooses_what_the_full_confirmation_chooses_and_spends_less(n_seeds, grid, quantile):
     """``grid``: costs on a coarse grid (env steps fall on batch multiples), so medians often tie."""
     rng = np.random.default_rng(n_seeds + 10 * grid)
     seeds = [1000 * (i + 1) for i in range(n_seeds)]
     saved, ties, by_tie = [], 0, 0
+    miss = 0.2 if quantile <= 0.5 else 0.1  # at 0.75 one miss in three seeds already rules a config out
     for _ in range(120):
         k = int(rng.integers(2, 6))
         true, returns = {}, {}
         for c in range(1, k + 1):
             scale = rng.uniform(10, 60)
-            for s in seeds:  # a run reaches at a noisy cost, or never (inf) one time in five
+            for s in seeds:  # a run reaches at a noisy cost, or never (inf) with probability `miss`
                 noisy = float(rng.choice([8.0, 16.0, 24.0])) if grid else float(np.ceil(scale * rng.lognormal(0, 0.5)))
-                true[(c, s)] = math.inf if rng.random() < 0.2 else noisy
+                true[(c, s)] = math.inf if rng.random() < miss else noisy
                 returns[(c, s)] = float(rng.uniform(450, 500))
         tie = float(rng.choice([0.0, 0.1, 0.5]))  # the spec's own config (the last) ties within this
-        full, full_cost = _race_choice(true, returns, seeds, race=False, tie=tie)
-        raced, raced_cost = _race_choice(true, returns, seeds, race=True, tie=tie)
-        by_tie += full == k and tie > 0 and confirm.choose(_table(true, seeds, k), 0.0)["candidate"] != k
-        medians = [float(np.median([true[(c, s)] for s in seeds])) for c in range(1, k + 1)]
-        ties += math.isfinite(min(medians)) and medians.count(min(medians)) > 1
+        full, full_cost = _race_choice(true, returns, seeds, race=False, tie=tie, quantile=quantile)
+        raced, raced_cost = _race_choice(true, returns, seeds, race=True, tie=tie, quantile=quantile)
+        untied = confirm.choose(_table(true, seeds, k, quantile), 0.0)["candidate"]
+        by_tie += full == k and tie > 0 and untied != k
+        rank = confirm.score_rank(n_seeds, quantile)
+        scores = [sorted(true[(c, s)] for s in seeds)[rank - 1] for c in range(1, k + 1)]
+        ties += math.isfinite(min(scores)) and scores.count(min(scores)) > 1
         assert raced == full, (true, full, raced)
         assert raced_cost <= full_cost
         saved.append(1 - raced_cost / full_cost)
@@ -310,7 +348,9 @@ def test_the_race_chooses_what_the_full_confirmation_chooses_and_spends_less(n_s
         assert by_tie >= 3  # the spec's own config won by the tie allowance, raced and in full
 
 
-def _table(true: dict[tuple[int, int], float], seeds: list[int], k: int) -> list[dict]:
+def _table(
+    true: dict[tuple[int, int], float], seeds: list[int], k: int, quantile: float = confirm.QUANTILE
+) -> list[dict]:
     """summarise's rows for a full confirmation of ``true`` costs (last candidate: the spec's own)."""
     rows = [
         {
@@ -326,7 +366,7 @@ def _table(true: dict[tuple[int, int], float], seeds: list[int], k: int) -> list
         for c in range(1, k + 1)
         for s in seeds
     ]
-    return confirm.summarise(rows, "env_steps")
+    return confirm.summarise(rows, "env_steps", quantile=quantile)
 
 
 def test_the_spec_ships_when_the_best_searched_config_is_within_the_tie_allowance():
@@ -338,7 +378,7 @@ def test_the_spec_ships_when_the_best_searched_config_is_within_the_tie_allowanc
     assert confirm.choose(_table(far, seeds, 2), 0.1)["candidate"] == 1
     # within noise: the spec's median inside the winner's 95% interval
     spread = {(1, 1): 60.0, (1, 2): 80.0, (1, 3): 120.0} | {(2, s): 100.0 for s in seeds}
-    table = _table(spread, seeds, 2)
+    table = _table(spread, seeds, 2, quantile=0.5)
     chosen = confirm.choose(table, 0.1)
     assert chosen["candidate"] == 1 and confirm.within_noise(chosen, table[1]) is True
     far_table = _table(far, seeds, 2)
@@ -346,34 +386,44 @@ def test_the_spec_ships_when_the_best_searched_config_is_within_the_tie_allowanc
     assert confirm.within_noise(chosen, None) is None
 
 
-def test_the_race_stops_a_run_past_the_best_median_and_skips_a_config_that_cannot_win():
-    r = confirm.Race([1, 2], [7, 8, 9])
+def test_the_race_stops_a_run_past_the_best_score_and_skips_a_config_that_cannot_win():
+    r = confirm.Race([1, 2], [7, 8, 9], quantile=0.5)  # the 2nd cheapest of 3: the median
     for seed, cost in ((7, 10.0), (8, 20.0)):
-        assert not r.should_stop(1, seed, cost - 1)  # no median known yet: nothing stops
+        assert not r.should_stop(1, seed, cost - 1)  # no score known yet: nothing stops
         r.finish(1, seed, cost)
     assert r.bound() == 20.0  # the median of (10, 20, anything) is at most 20
     assert not r.should_stop(1, 9, 19.0)
     assert r.should_stop(1, 9, 20.5)  # censoring the best config's own worst run: its median stays 20
-    assert r.why_stop(1, 9, 20.5) == "this run passed 20, so it cannot be in its config's lower half"
+    assert r.why_stop(1, 9, 20.5) == "this run passed 20, so it cannot be among its config's 2 cheapest of 3"
     r.finish(1, 9, math.inf)
     assert r.bound() == 20.0
     assert not r.should_stop(2, 7, 20.0)  # at the bound, not past it: it could still tie
-    assert r.should_stop(2, 7, 20.5)  # past the best median: this run cannot be among its config's lower half
+    assert r.should_stop(2, 7, 20.5)  # past the best score: this run cannot be among its config's cheapest two
     r.finish(2, 7, math.inf)
     assert not r.should_stop(2, 8, 5.0)  # still possible: 5 and an unstarted run could make a median below 20
     assert r.should_stop(2, 8, 21.0)
     r.finish(2, 8, math.inf)
-    assert r.lowest_median(2) == math.inf
+    assert r.lowest_score(2) == math.inf
     assert r.should_stop(2, 9, 0.5)  # two runs out: the config cannot win, its last run stops at once
-    assert r.why_stop(2, 9, 0.5) == "its config's median can no longer beat the best median so far (20)"
-    # an even seed count: the median averages two runs, so a run stops only past twice the bound
-    e = confirm.Race([1, 2], [1, 2])
-    e.finish(1, 1, 10.0)
-    e.finish(1, 2, 30.0)
-    assert e.bound() == 20.0
-    assert not e.should_stop(2, 1, 39.0)
-    assert e.should_stop(2, 1, 40.5)
-    assert "passed 40 (twice the best median" in e.why_stop(2, 1, 40.5)
+    assert r.why_stop(2, 9, 0.5) == "its config's score can no longer beat the best score so far (20)"
+    # the default quantile on 5 seeds: the 4th cheapest; nothing is bounded until a config has 4 finished
+    q = confirm.Race([1, 2], [1, 2, 3, 4, 5])
+    assert q.k == 4
+    for seed, cost in ((1, 10.0), (2, 12.0), (3, 30.0)):
+        q.finish(1, seed, cost)
+    assert q.bound() == math.inf and not q.should_stop(2, 1, 35.0)
+    q.finish(1, 4, 40.0)
+    assert q.bound() == 40.0  # (10, 12, 30, 40, anything): the 4th cheapest is at most 40
+    assert not q.should_stop(2, 1, 35.0)  # above the median's 30, still below the score's bound
+    assert q.should_stop(2, 1, 40.5)
+    q.finish(2, 1, math.inf)
+    assert not q.should_stop(2, 2, 1.0)  # one miss of five: the other four could still score below 40
+    q.finish(2, 2, math.inf)
+    assert q.lowest_score(2) == math.inf and q.should_stop(2, 3, 1.0)  # two misses: out
+    # a race pickled by an older rayrl ranked by the median
+    old = confirm.Race.__new__(confirm.Race)
+    old.__setstate__({"seeds": [1, 2, 3], "runs": {1: {s: [0.0, False, math.inf] for s in (1, 2, 3)}}})
+    assert old.k == 2 and old.weights == {}
 
 
 def test_confirm_stopper_stops_at_target_budget_and_race_and_names_why():
@@ -397,6 +447,7 @@ def test_confirm_stopper_stops_at_target_budget_and_race_and_names_why():
         budget=10_000,
         held=trial_resources(S.ResourcesSpec()),
         prices=S.CostSpec(),
+        quantile=0.5,  # the median of 3; the default 0.75 ranks by the worst of 3 (below)
     )
 
     def res(batch, lr, seed, steps, ret):
@@ -432,5 +483,18 @@ def test_confirm_stopper_stops_at_target_budget_and_race_and_names_why():
         race=False,
     )
     assert not off("d", res(1024, 1e-4, 11, 9000, 100.0)) and off("d", res(1024, 1e-4, 11, 10_000, 100.0))
+    worst = ConfirmStopper(
+        points,
+        [11, 12, 13],
+        objective="env_steps",
+        return_key="rayrl/train_return",
+        target=450.0,
+        budget=10_000,
+        held=trial_resources(S.ResourcesSpec()),
+        prices=S.CostSpec(),
+    )
+    assert worst.race is not None and worst.race.k == 3  # the default quantile: all three seeds must reach
+    assert worst("a", res(512, 3e-4, 11, 2000, 460.0)) and worst("b", res(512, 3e-4, 12, 10_000, 300.0))
+    assert worst.race.bound() == math.inf and not worst("d", res(1024, 1e-4, 11, 9000, 100.0))
     with pytest.raises(KeyError, match="no planned run"):
         stop("x", res(2048, 1e-4, 11, 100, 1.0))

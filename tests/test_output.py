@@ -139,8 +139,10 @@ def test_closing_summary_names_every_phase_the_choice_and_the_files(tmp_path):
             "chosen": 2,
             "candidates": [
                 {"candidate": 1, "phase2_trial_id": "spec", "batch_size": 2048, "lr": 3e-4, "median": None}
+                | {"score": None, "score_k": 2}
                 | {"ci_low": None, "ci_high": None, "reached": 0, "runs": 2, "median_return": 120.0},
                 {"candidate": 2, "phase2_trial_id": "75e8", "batch_size": 512, "lr": 8.46e-4, "median": 9241}
+                | {"score": 9500, "score_k": 2}
                 | {"ci_low": 8000, "ci_high": 11000, "reached": 2, "runs": 2, "median_return": 480.0},
             ],
         },
@@ -158,9 +160,10 @@ def test_closing_summary_names_every_phase_the_choice_and_the_files(tmp_path):
     assert any(line.split() == ["1024", "3,502", "+35%", "stop"] for line in lines)
     assert text.index("75e8") < text.index("d7e5")  # the search's best first
     chosen = next(line for line in lines if line.lstrip().startswith("*"))
-    assert chosen.split()[:5] == ["*", "75e8", "512", "8.46e-04", "9241"] and "8000 .. 1.1e+04" in chosen
+    assert "score within which 2 of 2 of the seeds got there" in text
+    assert chosen.split()[:6] == ["*", "75e8", "512", "8.46e-04", "9500", "9241"] and "8000 .. 1.1e+04" in chosen
     spec_row = next(line for line in lines if line.split()[:1] == ["spec"])
-    assert spec_row.split()[3:7] == ["inf", "inf", "..", "inf"]  # null in summary.json: a cost past a miss
+    assert spec_row.split()[3:8] == ["inf", "inf", "inf", "..", "inf"]  # null in summary.json: a cost past a miss
     assert f"train it: rayrl train --config {tmp_path / 'best_config.yaml'}" in text
     assert f"rayrl report {tmp_path}" in text
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from rayrl import runfolder
 from rayrl.errors import EXIT_USAGE
 from rayrl.judge import security
 from rayrl.judge.acceptance import FAIL, PARTS, Check, part_verdicts
@@ -75,7 +76,13 @@ def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseli
             rows.append(
                 (
                     "confirmed on fresh seeds",
-                    f"median {best.get('objective')} to target "
+                    (
+                        f"{best.get('objective')} to target on {best['score_seeds']} seeds "
+                        f"{_fmt(best.get('score_cost'))}; "
+                        if best.get("score_seeds")
+                        else ""
+                    )
+                    + f"median {best.get('objective')} to target "
                     f"{_fmt(best.get('median_cost'))} (95% interval {_fmt(lo)} .. {_fmt(hi)}, IQM "
                     f"{_fmt(best.get('iqm_cost'))}); {best.get('seeds_at_target')} seeds reached it; median "
                     "return and env steps above",
@@ -229,7 +236,7 @@ def render(run: RunFolder, checks: Sequence[Check], plots: Iterable[str], baseli
 
 
 def confirmation_section(run: RunFolder) -> list[str]:
-    """The confirmed answer: each candidate's median, IQM and bootstrap interval, then every seed's run."""
+    """The confirmed answer: each candidate's score, median, IQM and bootstrap interval, then every seed's run."""
     if run.kind != "sweep":
         return []
     c = run.summary.get("confirm")
@@ -244,10 +251,11 @@ def confirmation_section(run: RunFolder) -> list[str]:
     out += [
         f"The search's top {len(c['candidates'])} configs, each re-run on seeds {c['seeds']} (never used in "
         f"the ladder or the search) for up to {_fmt(c.get('env_steps_budget'), ',.0f')} env steps. The shipped config "
-        f"has the lowest median {unit} to return {_fmt(c.get('target_return'), 'g')}; a run that did not "
+        f"has the lowest score: the {unit} to return {_fmt(c.get('target_return'), 'g')} within which "
+        f"{runfolder.score_share(c)} of its seeds got there (search.confirm_quantile); a run that did not "
         "reach it counts as infinite (shown as -). Interval: 95% percentile bootstrap of the median. "
-        '"race": the race stopped the run once its cost passed the best median so far (search.confirm_race): '
-        "it could no longer change the choice, and counts as a miss, so a winner's IQM and interval are "
+        '"race": the race stopped the run once its cost passed the best score so far (search.confirm_race): '
+        "it could no longer change the choice, and counts as a miss, so a winner's median, IQM and interval are "
         "upper-censored.",
         "",
         _table(
@@ -258,6 +266,7 @@ def confirmation_section(run: RunFolder) -> list[str]:
                     k["batch_size"],
                     _fmt(k["lr"], ".3g"),
                     f"{k['reached']}/{k['runs']}",
+                    _fmt(k.get("score")),
                     _fmt(k["median"]),
                     _fmt(k["iqm"]),
                     f"{_fmt(k['ci_low'])} .. {_fmt(k['ci_high'])}",
@@ -271,6 +280,7 @@ def confirmation_section(run: RunFolder) -> list[str]:
                 "batch",
                 "lr",
                 "at target",
+                f"score {unit}",
                 f"median {unit}",
                 f"IQM {unit}",
                 "95% interval",

@@ -321,15 +321,23 @@ class SearchSpec:
     confirm_race: bool = doc(
         True,
         "confirmation: stop a run once its config can no longer win (its cost "
-        "passed the lowest median known so far; 2x that for an even seed count) and "
-        "start no more runs of it: the same choice, the losers cost less "
-        "(confirm.csv's stopped: race)",
+        "passed the lowest score known so far) and start no more runs of it: the same "
+        "choice, the losers cost less (confirm.csv's stopped: race)",
+    )
+    confirm_quantile: float = doc(
+        0.75,
+        "confirmation: a config's score is the cost within which this fraction of its seeds reached "
+        "stop.episode_return (its ceil(q x n)-th cheapest run: the 4th of 5 at 0.75; 0.5: the median for "
+        "an odd count); the lowest score ships, so a config that misses on more than a quarter of its "
+        "seeds cannot win on its lucky ones",
+        gt=0.0,
+        le=1.0,
     )
     confirm_tie: float = doc(
         0.0,
-        "confirmation: a searched config ships instead of the spec's own only when its median cost is "
+        "confirmation: a searched config ships instead of the spec's own only when its score is "
         "more than this fraction lower; within it they tie and the simpler one (the starting point) "
-        "ships; 0 (default): the lowest median wins",
+        "ships; 0 (default): the lowest score wins",
         ge=0.0,
     )
     confirm_env_steps: int | None = doc(
@@ -341,8 +349,8 @@ class SearchSpec:
     )
     objective: str = doc(
         "usd",
-        "confirmation: the config with the lowest median cost to stop.episode_return "
-        "wins; cost in usd (the cost section's prices), wall_s or env_steps",
+        "confirmation: the config with the lowest cost to stop.episode_return (on "
+        "search.confirm_quantile of its seeds) wins; cost in usd (the cost section's prices), wall_s or env_steps",
         choices=OBJECTIVES,
     )
     space: dict = doc(

@@ -17,8 +17,9 @@ DESCRIPTION = (
     "a doubling gains < 15% or at the cap) to find the knee; the search runs ASHA (or HyperBand) with Optuna "
     "TPE over lr and the batch sizes up to the knee (and below the start, down to search.min_batch), by "
     "episode return; then confirm runs the top search.confirm_top_k configs and the spec's own batch and lr "
-    "(search.confirm_baseline) again on fresh seeds and the lowest median cost to the target "
-    "(search.objective) wins; a run stops once its config can no longer win (search.confirm_race). Results: "
+    "(search.confirm_baseline) again on fresh seeds and the lowest cost (search.objective) within which "
+    "3/4 of a config's seeds reach the target (search.confirm_quantile) wins; a run stops once its config can "
+    "no longer win (search.confirm_race). Results: "
     "STORAGE/NAME/ (doubling.csv, trials.csv, confirm.csv, best_config.yaml, summary.json). The same command "
     "again resumes."
 )

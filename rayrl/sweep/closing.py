@@ -79,17 +79,19 @@ def closing_summary(summary: dict, ladder: list[Any], trials: list[dict], run_di
     if candidates:
         objective = confirm.get("objective", "cost")
         out.append(
-            f"confirm: {len(candidates)} candidates on seeds {confirm.get('seeds')}, median {objective} to "
-            f"return {confirm.get('target_return')} (95% interval; a run that missed counts as infinite):"
+            f"confirm: {len(candidates)} candidates on seeds {confirm.get('seeds')}, {objective} to return "
+            f"{confirm.get('target_return')}: score within which {runfolder.score_share(confirm)} of the seeds "
+            "got there (lowest ships), median and its 95% interval; a run that missed counts as infinite:"
         )
         out += _table(
-            ["", "candidate", "batch", "lr", "median", "95% interval", "at target", "median return"],
+            ["", "candidate", "batch", "lr", "score", "median", "95% interval", "at target", "median return"],
             [
                 [
                     "*" if c.get("candidate") == confirm.get("chosen") else "",
                     str(c.get("phase2_trial_id")),
                     str(c.get("batch_size")),
                     _fmt(c.get("lr"), ".2e"),
+                    _cost(c.get("score")),
                     _cost(c.get("median")),
                     f"{_cost(c.get('ci_low'))} .. {_cost(c.get('ci_high'))}",
                     f"{c.get('reached')}/{c.get('runs')}",

@@ -97,7 +97,8 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
             plan.append((rank, c))
     print(
         f"[sweep] confirm: {len(candidates)} configs x seeds {seeds}, up to {confirm_budget(s):,} env "
-        f"steps each, by median {s.objective} to return {spec.stop.episode_return}"
+        f"steps each, by the {s.objective} within which {rules.score_rank(len(seeds), s.confirm_quantile)} of "
+        f"{len(seeds)} seeds reach return {spec.stop.episode_return}"
         f"{'; a run stops once its config cannot win' if s.confirm_race else ''}",
         flush=True,
     )
@@ -116,6 +117,7 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
         prices=spec.cost,
         race=s.confirm_race,
         weights=rules.weights(candidates, s.confirm_tie),
+        quantile=s.confirm_quantile,
     )
     tuner = make_tuner(
         spec,
@@ -185,9 +187,11 @@ class ConfirmStopper(Stopper):
         prices: CostSpec,
         race: bool = True,
         weights: dict[int, float] | None = None,
+        quantile: float = rules.QUANTILE,
     ) -> None:
         self.points = [(int(c), int(b), float(lr), int(s)) for c, b, lr, s in points]
-        self.race = rules.Race(sorted({p[0] for p in self.points}), seeds, weights) if race else None
+        cands = sorted({p[0] for p in self.points})
+        self.race = rules.Race(cands, seeds, weights, quantile) if race else None
         self.objective, self.return_key, self.target, self.budget = objective, return_key, target, float(budget)
         self.held, self.prices = held, prices
 

@@ -92,7 +92,7 @@ def choose(spec: Spec, trials: list[dict], runs: list[dict]) -> tuple[dict | Non
         keep = ("trial_id", "batch_size", "lr", "episode_return_mean", "env_steps", *phases.space_columns(spec))
         return {k: top[k] for k in keep}, None
     s = spec.search
-    table = rules.summarise(runs, s.objective, seed=spec.seed)
+    table = rules.summarise(runs, s.objective, seed=spec.seed, quantile=s.confirm_quantile)
     chosen = rules.choose(table, s.confirm_tie)
     if chosen is None:
         return None, None
@@ -108,6 +108,8 @@ def choose(spec: Spec, trials: list[dict], runs: list[dict]) -> tuple[dict | Non
         "env_steps": rules.json_safe(chosen["median_env_steps"]),
         "confirmed": True,
         "objective": s.objective,
+        "score_cost": rules.json_safe(chosen["score"]),
+        "score_seeds": f"{chosen['score_k']}/{chosen['runs']}",
         "median_cost": rules.json_safe(chosen["median"]),
         "iqm_cost": rules.json_safe(chosen["iqm"]),
         "ci95_cost": [rules.json_safe(chosen["ci_low"]), rules.json_safe(chosen["ci_high"])],
@@ -123,15 +125,16 @@ def choose(spec: Spec, trials: list[dict], runs: list[dict]) -> tuple[dict | Non
         "runs_cut_by_race": sum(r.get("stopped") == "race" for r in runs),
         "candidates": [rules.jsonable(c) for c in table],
         "tie": s.confirm_tie,
+        "quantile": s.confirm_quantile,
         "spec_won_by_tie": lowest is not chosen,
         "spec_within_noise": rules.within_noise(chosen, own),
     }
     _explain(chosen, s.objective)
     if lowest is not chosen and lowest is not None:
         print(
-            f"[sweep] confirm: the best searched config (candidate {lowest['candidate']}, median "
-            f"{lowest['median']:.4g}) is not more than search.confirm_tie={s.confirm_tie:g} cheaper than the spec's "
-            f"own ({chosen['median']:.4g}): they tie, and the starting point ships",
+            f"[sweep] confirm: the best searched config (candidate {lowest['candidate']}, score "
+            f"{lowest['score']:.4g}) is not more than search.confirm_tie={s.confirm_tie:g} cheaper than the spec's "
+            f"own ({chosen['score']:.4g}): they tie, and the starting point ships",
             flush=True,
         )
     elif own is not None and summary["spec_within_noise"]:
@@ -144,16 +147,23 @@ def choose(spec: Spec, trials: list[dict], runs: list[dict]) -> tuple[dict | Non
 
 
 def _explain(chosen: dict[str, Any], objective: str) -> None:
-    why = (
-        f"has the lowest median {objective} to the target, {chosen['median']:.4g} (IQM {chosen['iqm']:.4g}, "
-        f"95% interval {chosen['ci_low']:.4g}..{chosen['ci_high']:.4g})"
-        if math.isfinite(chosen["median"])
-        else f"wins on median return ({chosen['median_return']:.1f}): no candidate reached the target on most seeds"
-    )
+    if math.isfinite(chosen["score"]):
+        why = (
+            f"has the lowest {objective} within which {chosen['score_k']} of its {chosen['runs']} seeds reached "
+            f"the target, {chosen['score']:.4g} (median {chosen['median']:.4g}, IQM {chosen['iqm']:.4g}, 95% "
+            f"interval of the median {chosen['ci_low']:.4g}..{chosen['ci_high']:.4g})"
+        )
+    elif math.isfinite(chosen["median"]):
+        why = (
+            f"has the lowest median {objective} to the target, {chosen['median']:.4g}: no candidate reached it "
+            f"on {chosen['score_k']} of {chosen['runs']} seeds (search.confirm_quantile)"
+        )
+    else:
+        why = f"wins on median return ({chosen['median_return']:.1f}): no candidate reached the target on most seeds"
     print(
         f"[sweep] confirm: candidate {chosen['candidate']} (batch {chosen['batch_size']}, lr "
         f"{chosen['lr']:.2e}) {why}; {chosen['reached']}/{chosen['runs']} seeds reached it"
-        + (f" ({chosen['cut_by_race']} stopped by the race above that median)" if chosen["cut_by_race"] else ""),
+        + (f" ({chosen['cut_by_race']} stopped by the race above that score)" if chosen["cut_by_race"] else ""),
         flush=True,
     )
     if chosen["phase2_trial_id"] == rules.BASELINE_ID:
