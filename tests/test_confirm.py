@@ -438,17 +438,21 @@ def test_confirm_stopper_stops_at_target_budget_and_race_and_names_why():
         (2, 1024, 1e-4, 12),
         (2, 1024, 1e-4, 13),
     ]
-    stop = ConfirmStopper(
-        points,
-        [11, 12, 13],
-        objective="env_steps",
-        return_key="rayrl/train_return",
-        target=450.0,
-        budget=10_000,
-        held=trial_resources(S.ResourcesSpec()),
-        prices=S.CostSpec(),
-        quantile=0.5,  # the median of 3; the default 0.75 ranks by the worst of 3 (below)
-    )
+
+    def make(**kw):
+        return ConfirmStopper(
+            points,
+            [11, 12, 13],
+            objective="env_steps",
+            return_key="rayrl/train_return",
+            target=450.0,
+            budget=10_000,
+            held=trial_resources(S.ResourcesSpec()),
+            prices=S.CostSpec(),
+            **kw,
+        )
+
+    stop = make(quantile=0.5)  # the median of 3; the default 0.75 ranks by the worst of 3 (below)
 
     def res(batch, lr, seed, steps, ret):
         return {
@@ -471,28 +475,9 @@ def test_confirm_stopper_stops_at_target_budget_and_race_and_names_why():
     assert confirm.stop_reason(False, True, 2000, 10_000) == "error"
     # Reached, then an error while stopping: the race counted the reach, so confirm.csv does too.
     assert confirm.stop_reason(True, True, 2000, 10_000) == "target"
-    off = ConfirmStopper(
-        points,
-        [11, 12, 13],
-        objective="env_steps",
-        return_key="rayrl/train_return",
-        target=450.0,
-        budget=10_000,
-        held=trial_resources(S.ResourcesSpec()),
-        prices=S.CostSpec(),
-        race=False,
-    )
+    off = make(race=False)
     assert not off("d", res(1024, 1e-4, 11, 9000, 100.0)) and off("d", res(1024, 1e-4, 11, 10_000, 100.0))
-    worst = ConfirmStopper(
-        points,
-        [11, 12, 13],
-        objective="env_steps",
-        return_key="rayrl/train_return",
-        target=450.0,
-        budget=10_000,
-        held=trial_resources(S.ResourcesSpec()),
-        prices=S.CostSpec(),
-    )
+    worst = make()
     assert worst.race is not None and worst.race.k == 3  # the default quantile: all three seeds must reach
     assert worst("a", res(512, 3e-4, 11, 2000, 460.0)) and worst("b", res(512, 3e-4, 12, 10_000, 300.0))
     assert worst.race.bound() == math.inf and not worst("d", res(1024, 1e-4, 11, 9000, 100.0))
