@@ -483,3 +483,65 @@ def test_confirm_stopper_stops_at_target_budget_and_race_and_names_why():
     assert worst.race.bound() == math.inf and not worst("d", res(1024, 1e-4, 11, 9000, 100.0))
     with pytest.raises(KeyError, match="no planned run"):
         stop("x", res(2048, 1e-4, 11, 100, 1.0))
+
+
+def test_runs_of_a_config_the_race_ruled_out_are_never_started(tmp_path):
+    """PlannedRuns asks the stopper before each planned run: once a config cannot win, its remaining seeds
+    are passed over (each would have cost a trial's start and build before the race could stop it), and
+    confirm.csv still gets their rows, as misses at no cost stopped by the race."""
+    from ray.tune.search import Searcher
+
+    from rayrl.sweep.confirm_run import CANDIDATE_KEY, ConfirmStopper, never_started
+    from rayrl.sweep.search import PlannedRuns
+    from rayrl.tune.resources import trial_resources
+
+    seeds = [11, 12, 13]
+    plan = [(1, 512, 3e-4), (2, 1024, 1e-4), (3, 2048, 3e-4)]
+    points = [
+        {CANDIDATE_KEY: c, "seed": s, "train_batch_size_per_learner": b, "lr": lr} for c, b, lr in plan for s in seeds
+    ]
+    stop = ConfirmStopper(
+        [(p[CANDIDATE_KEY], p["train_batch_size_per_learner"], p["lr"], p["seed"]) for p in points],
+        seeds,
+        objective="env_steps",
+        return_key="rayrl/train_return",
+        target=450.0,
+        budget=10_000,
+        held=trial_resources(S.ResourcesSpec()),
+        prices=S.CostSpec(),
+        quantile=0.5,
+    )
+    searcher = PlannedRuns(points, stop.skip)
+    # what each started run does, in env steps per result: candidate 1 reaches at 2000 on every seed;
+    # candidate 2 does not reach by 4096 on its first two seeds; candidate 3 reaches at 1000
+    reach = {1: 2000, 2: math.inf, 3: 1000}
+    started = []
+    while (point := searcher.suggest(f"t{len(started)}")) != Searcher.FINISHED:
+        started.append((point[CANDIDATE_KEY], point["seed"]))
+        steps = 0
+        while True:
+            steps += 1024
+            ret = 460.0 if steps >= reach[point[CANDIDATE_KEY]] else 100.0
+            result = {"num_env_steps_sampled_lifetime": steps, "rayrl": {"train_return": ret}, "config": point}
+            if stop(f"t{len(started)}", result):
+                break
+    # candidate 2's first seed ran past the best median (2048) and stopped; its second ran and stopped too;
+    # then two misses of three: it cannot win, so its third seed was never started
+    assert started == [(1, 11), (1, 12), (1, 13), (2, 11), (2, 12), (3, 11), (3, 12), (3, 13)]
+    assert [(p[CANDIDATE_KEY], p["seed"]) for p in searcher.skipped] == [(2, 13)]
+    planned = {(c, s) for c, _, _ in plan for s in seeds}
+    candidates = [{"trial_id": f"p{c}", "batch_size": b, "lr": lr} for c, b, lr in plan]
+    rows = never_started(planned - set(started), candidates, [])
+    assert [(r["candidate"], r["seed"], r["env_steps"], r["reached"], r["stopped"]) for r in rows] == [
+        (2, 13, 0, False, "race")
+    ]
+    assert rows[0]["batch_size"] == 1024 and rows[0]["phase2_trial_id"] == "p2"
+    # the skip is not pickled with the experiment; a restored searcher keeps this start's
+    path = str(tmp_path / "searcher.pkl")
+    searcher.save(path)
+    fresh = PlannedRuns(points, stop.skip)
+    fresh.restore(path)
+    assert fresh.next == len(points) and fresh.skip == stop.skip and len(fresh.skipped) == 1
+    bare = PlannedRuns(points)
+    bare.restore(path)
+    assert bare.skip is None

@@ -226,6 +226,10 @@ class Race:
         """The lowest score ``candidate`` can still end with."""
         return order_stat([r[2] if r[1] else r[0] for r in self.runs[candidate].values()], self.k)
 
+    def lost(self, candidate: int) -> bool:
+        """Whether ``candidate`` can no longer win (for good: its lowest score only rises, B only falls)."""
+        return self.lowest_score(candidate) > self.bound()
+
     def finish(self, candidate: int, seed: int, cost: float) -> None:
         """A run ended: ``cost`` to the target, or infinity (budget, censored, error)."""
         cost *= self.weights.get(candidate, 1.0)
@@ -250,7 +254,7 @@ class Race:
                 f"this run passed {bound / weight:.6g}{tied}, so it cannot be among its config's "
                 f"{self.k} cheapest of {len(self.seeds)}"
             )
-        if self.lowest_score(candidate) > bound:
+        if self.lost(candidate):
             return f"its config's score can no longer beat the best score so far ({bound:.6g})"
         return None
 

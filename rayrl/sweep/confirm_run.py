@@ -127,15 +127,17 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
         tune_config=tune.TuneConfig(
             # A searcher's suggestion is merged key by key into the spec's config, so a list value (an
             # annealed lr, hidden sizes) stays whole; preset points of a variant generator cannot take one.
-            search_alg=ConcurrencyLimiter(PlannedRuns(points), max_concurrent=concurrency(spec)),
+            search_alg=ConcurrencyLimiter(PlannedRuns(points, stop.skip), max_concurrent=concurrency(spec)),
             num_samples=len(points),
         ),
         stop=stop,
         verbose_label="confirm",
     )
     tuner.fit()
-    rows = []
-    for trial in analysis(paths, runfolder.CONFIRM_PHASE).trials:
+    trials = analysis(paths, runfolder.CONFIRM_PHASE).trials
+    planned, started = {stop.which(p) for p in points}, {stop.which(t.config) for t in trials}
+    rows = never_started(planned - started, candidates, space_columns(spec))
+    for trial in trials:
         batch, _ = keys.config_batch_lr(trial.config)
         rank, seed = stop.which(trial.config)
         c = candidates[rank - 1]
@@ -163,6 +165,32 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
             }
         )
     return sorted(rows, key=lambda r: (r["candidate"], r["seed"]))
+
+
+def never_started(runs: set[tuple[int, int]], candidates: list[dict], columns: Sequence[str]) -> list[dict]:
+    """confirm.csv's rows for planned (candidate rank, seed) runs that never started: the race had ruled
+    their config out (ConfirmStopper.skip). Each is a miss at no cost, stopped by the race."""
+    rows = []
+    for rank, seed in sorted(runs):
+        c = candidates[rank - 1]
+        rows.append(
+            {
+                **{col: c.get(col) for col in columns},
+                "candidate": rank,
+                "phase2_trial_id": c["trial_id"],
+                "batch_size": int(c["batch_size"]),
+                "lr": c["lr"],
+                "seed": seed,
+                "trial_id": "",
+                "env_steps": 0,
+                "wall_s": 0.0,
+                "usd": 0.0,
+                "episode_return_mean": None,
+                "reached": False,
+                "stopped": "race",
+            }
+        )
+    return rows
 
 
 def candidate_values(candidate: dict, spec: Spec) -> dict[str, Any]:
@@ -247,3 +275,20 @@ class ConfirmStopper(Stopper):
 
     def stop_all(self) -> bool:
         return False
+
+    def skip(self, point: dict) -> bool:
+        """PlannedRuns' question before it starts a planned run: True when the race has ruled its config
+        out, so the run is never started (it would be stopped at its first result, after the seconds a
+        trial takes to start and build)."""
+        if self.race is None:
+            return False
+        cand, seed = self.which(point)
+        if not self.race.lost(cand):
+            return False
+        print(
+            f"[sweep] confirmation: race: candidate {cand} seed {seed} not started: its config's score can no "
+            f"longer beat the best score so far ({self.race.bound():.6g}); it cannot change the choice",
+            flush=True,
+        )
+        self.race.finish(cand, seed, math.inf)
+        return True

@@ -4,7 +4,7 @@ the confirmation's planned runs as a Searcher."""
 from __future__ import annotations
 
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ray.tune.search import Searcher
@@ -88,18 +88,37 @@ class DoublingSearcher(PickledSearcher):
 class PlannedRuns(PickledSearcher):
     """The confirmation's planned runs, handed to Tune one by one in order, then FINISHED.
 
-    State (the next run) is saved with the experiment, so a resumed confirmation plans no run twice.
+    ``skip(point)``: True for a run not worth starting (the race has ruled its config out); it is passed
+    over and kept in ``skipped``. Why: each trial costs seconds of process start and build before its
+    first result, where the race could stop it. State (the next run) is saved with the experiment, so a
+    resumed confirmation plans no run twice; ``skip`` is not saved (after a resume the race starts over).
     """
 
-    def __init__(self, points: Sequence[dict]) -> None:
+    def __init__(self, points: Sequence[dict], skip: Callable[[dict], bool] | None = None) -> None:
         super().__init__()
         self.points, self.next = [dict(p) for p in points], 0
+        self.skip = skip
+        self.skipped: list[dict] = []
 
     def suggest(self, trial_id: str) -> dict | str | None:
-        if self.next >= len(self.points):
-            return Searcher.FINISHED
-        self.next += 1
-        return dict(self.points[self.next - 1])
+        while self.next < len(self.points):
+            point = self.points[self.next]
+            self.next += 1
+            if self.skip is not None and self.skip(dict(point)):
+                self.skipped.append(dict(point))
+                continue
+            return dict(point)
+        return Searcher.FINISHED
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump({**self.__dict__, "skip": None}, f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        skip = getattr(self, "skip", None)
+        super().restore(checkpoint_path)
+        self.skip = skip  # this start's race, not the pickled None
+        self.__dict__.setdefault("skipped", [])
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         pass
