@@ -160,7 +160,7 @@ def test_closing_summary_names_every_phase_the_choice_and_the_files(tmp_path):
     assert any(line.split() == ["1024", "3,502", "+35%", "stop"] for line in lines)
     assert text.index("75e8") < text.index("d7e5")  # the search's best first
     chosen = next(line for line in lines if line.lstrip().startswith("*"))
-    assert "score within which 2 of 2 of the seeds got there" in text
+    assert "score = the cost within which 2 of 2 seeds got there" in text
     assert chosen.split()[:6] == ["*", "75e8", "512", "8.46e-04", "9500", "9241"] and "8000 .. 1.1e+04" in chosen
     spec_row = next(line for line in lines if line.split()[:1] == ["spec"])
     assert spec_row.split()[3:8] == ["inf", "inf", "inf", "..", "inf"]  # null in summary.json: a cost past a miss

@@ -80,8 +80,8 @@ def closing_summary(summary: dict, ladder: list[Any], trials: list[dict], run_di
         objective = confirm.get("objective", "cost")
         out.append(
             f"confirm: {len(candidates)} candidates on seeds {confirm.get('seeds')}, {objective} to return "
-            f"{confirm.get('target_return')}: score within which {runfolder.score_share(confirm)} of the seeds "
-            "got there (lowest ships), median and its 95% interval; a run that missed counts as infinite:"
+            f"{confirm.get('target_return')}: score = the cost within which {runfolder.score_share(confirm)} seeds "
+            "got there (the lowest ships), median and its 95% interval; a run that missed counts as infinite:"
         )
         out += _table(
             ["", "candidate", "batch", "lr", "score", "median", "95% interval", "at target", "median return"],
