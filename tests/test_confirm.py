@@ -427,8 +427,6 @@ def test_the_race_stops_a_run_past_the_best_score_and_skips_a_config_that_cannot
 
 
 def test_confirm_stopper_stops_at_target_budget_and_race_and_names_why():
-    from rayrl.sweep.confirm_run import ConfirmStopper
-    from rayrl.tune.resources import trial_resources
 
     points = [
         (1, 512, 3e-4, 11),
@@ -439,20 +437,7 @@ def test_confirm_stopper_stops_at_target_budget_and_race_and_names_why():
         (2, 1024, 1e-4, 13),
     ]
 
-    def make(**kw):
-        return ConfirmStopper(
-            points,
-            [11, 12, 13],
-            objective="env_steps",
-            return_key="rayrl/train_return",
-            target=450.0,
-            budget=10_000,
-            held=trial_resources(S.ResourcesSpec()),
-            prices=S.CostSpec(),
-            **kw,
-        )
-
-    stop = make(quantile=0.5)  # the median of 3; the default 0.75 ranks by the worst of 3 (below)
+    stop = _stopper(points, quantile=0.5)  # the median of 3; the default 0.75 ranks by the worst of 3 (below)
 
     def res(batch, lr, seed, steps, ret):
         return {
@@ -475,9 +460,9 @@ def test_confirm_stopper_stops_at_target_budget_and_race_and_names_why():
     assert confirm.stop_reason(False, True, 2000, 10_000) == "error"
     # Reached, then an error while stopping: the race counted the reach, so confirm.csv does too.
     assert confirm.stop_reason(True, True, 2000, 10_000) == "target"
-    off = make(race=False)
+    off = _stopper(points, race=False)
     assert not off("d", res(1024, 1e-4, 11, 9000, 100.0)) and off("d", res(1024, 1e-4, 11, 10_000, 100.0))
-    worst = make()
+    worst = _stopper(points)
     assert worst.race is not None and worst.race.k == 3  # the default quantile: all three seeds must reach
     assert worst("a", res(512, 3e-4, 11, 2000, 460.0)) and worst("b", res(512, 3e-4, 12, 10_000, 300.0))
     assert worst.race.bound() == math.inf and not worst("d", res(1024, 1e-4, 11, 9000, 100.0))
@@ -491,25 +476,16 @@ def test_runs_of_a_config_the_race_ruled_out_are_never_started(tmp_path):
     confirm.csv still gets their rows, as misses at no cost stopped by the race."""
     from ray.tune.search import Searcher
 
-    from rayrl.sweep.confirm_run import CANDIDATE_KEY, ConfirmStopper, never_started
+    from rayrl.sweep.confirm_run import CANDIDATE_KEY, never_started
     from rayrl.sweep.search import PlannedRuns
-    from rayrl.tune.resources import trial_resources
 
     seeds = [11, 12, 13]
     plan = [(1, 512, 3e-4), (2, 1024, 1e-4), (3, 2048, 3e-4)]
     points = [
         {CANDIDATE_KEY: c, "seed": s, "train_batch_size_per_learner": b, "lr": lr} for c, b, lr in plan for s in seeds
     ]
-    stop = ConfirmStopper(
-        [(p[CANDIDATE_KEY], p["train_batch_size_per_learner"], p["lr"], p["seed"]) for p in points],
-        seeds,
-        objective="env_steps",
-        return_key="rayrl/train_return",
-        target=450.0,
-        budget=10_000,
-        held=trial_resources(S.ResourcesSpec()),
-        prices=S.CostSpec(),
-        quantile=0.5,
+    stop = _stopper(
+        [(p[CANDIDATE_KEY], p["train_batch_size_per_learner"], p["lr"], p["seed"]) for p in points], quantile=0.5
     )
     searcher = PlannedRuns(points, stop.skip)
     # what each started run does, in env steps per result: candidate 1 reaches at 2000 on every seed;
@@ -528,7 +504,7 @@ def test_runs_of_a_config_the_race_ruled_out_are_never_started(tmp_path):
     # candidate 2's first seed ran past the best median (2048) and stopped; its second ran and stopped too;
     # then two misses of three: it cannot win, so its third seed was never started
     assert started == [(1, 11), (1, 12), (1, 13), (2, 11), (2, 12), (3, 11), (3, 12), (3, 13)]
-    assert [(p[CANDIDATE_KEY], p["seed"]) for p in searcher.skipped] == [(2, 13)]
+    assert stop.race is not None and stop.race.runs[2][13][1:] == [True, math.inf]  # counted as a miss
     planned = {(c, s) for c, _, _ in plan for s in seeds}
     candidates = [{"trial_id": f"p{c}", "batch_size": b, "lr": lr} for c, b, lr in plan]
     rows = never_started(planned - set(started), candidates, [])
@@ -541,7 +517,25 @@ def test_runs_of_a_config_the_race_ruled_out_are_never_started(tmp_path):
     searcher.save(path)
     fresh = PlannedRuns(points, stop.skip)
     fresh.restore(path)
-    assert fresh.next == len(points) and fresh.skip == stop.skip and len(fresh.skipped) == 1
+    assert fresh.next == len(points) and fresh.skip == stop.skip
     bare = PlannedRuns(points)
     bare.restore(path)
     assert bare.skip is None
+
+
+def _stopper(points, seeds=(11, 12, 13), **kw):
+    """A ConfirmStopper of ``points`` (candidate, batch, lr, seed) on env steps to return 450, budget 10,000."""
+    from rayrl.sweep.confirm_run import ConfirmStopper
+    from rayrl.tune.resources import trial_resources
+
+    return ConfirmStopper(
+        points,
+        list(seeds),
+        objective="env_steps",
+        return_key="rayrl/train_return",
+        target=450.0,
+        budget=10_000,
+        held=trial_resources(S.ResourcesSpec()),
+        prices=S.CostSpec(),
+        **kw,
+    )

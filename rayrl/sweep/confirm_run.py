@@ -136,61 +136,59 @@ def run_confirm(spec: Spec, paths: runtime.RunPaths, candidates: list[dict], see
     tuner.fit()
     trials = analysis(paths, runfolder.CONFIRM_PHASE).trials
     planned, started = {stop.which(p) for p in points}, {stop.which(t.config) for t in trials}
-    rows = never_started(planned - started, candidates, space_columns(spec))
+    columns = space_columns(spec)
+    rows = never_started(planned - started, candidates, columns)
     for trial in trials:
-        batch, _ = keys.config_batch_lr(trial.config)
         rank, seed = stop.which(trial.config)
-        c = candidates[rank - 1]
         m = trial.last_result or {}
         # the judged return (evaluation when the spec judges by it), last known, as the search and the stop use
         ret, steps = keys.lookup(m, keys.return_key(spec.judged_by)), keys.lookup(m, keys.ENV_STEPS)
         spent = costs(m, held, spec.cost)
-        errored = trial.status == "ERROR"
         reached = runfolder.reached(ret, spec.stop.episode_return)  # an error after reaching keeps the reach
-        rows.append(
-            {
-                **{col: c.get(col) for col in space_columns(spec)},
-                "candidate": rank,
-                "phase2_trial_id": c["trial_id"],
-                "batch_size": batch,
-                "lr": c["lr"],
-                "seed": seed,
-                "trial_id": trial.trial_id,
-                "env_steps": steps,
-                "wall_s": round(spent["wall_s"], 3),
-                "usd": spent["usd"],
-                "episode_return_mean": finite(ret),
-                "reached": reached,
-                "stopped": rules.stop_reason(reached, errored, steps, confirm_budget(s)),
-            }
-        )
+        stopped = rules.stop_reason(reached, trial.status == "ERROR", steps, confirm_budget(s))
+        row = run_row(candidates, rank, seed, columns, trial.trial_id, steps, spent, finite(ret), reached, stopped)
+        rows.append({**row, "batch_size": keys.config_batch_lr(trial.config)[0]})
     return sorted(rows, key=lambda r: (r["candidate"], r["seed"]))
+
+
+def run_row(
+    candidates: list[dict],
+    rank: int,
+    seed: int,
+    columns: Sequence[str],
+    trial_id: str,
+    env_steps: Any,
+    spent: dict[str, float],
+    ret: float | None,
+    reached: bool,
+    stopped: str,
+) -> dict:
+    """One confirm.csv row: candidate ``rank``'s run on ``seed``."""
+    c = candidates[rank - 1]
+    return {
+        **{col: c.get(col) for col in columns},
+        "candidate": rank,
+        "phase2_trial_id": c["trial_id"],
+        "batch_size": int(c["batch_size"]),
+        "lr": c["lr"],
+        "seed": seed,
+        "trial_id": trial_id,
+        "env_steps": env_steps,
+        "wall_s": round(spent["wall_s"], 3),
+        "usd": spent["usd"],
+        "episode_return_mean": ret,
+        "reached": reached,
+        "stopped": stopped,
+    }
 
 
 def never_started(runs: set[tuple[int, int]], candidates: list[dict], columns: Sequence[str]) -> list[dict]:
     """confirm.csv's rows for planned (candidate rank, seed) runs that never started: the race had ruled
     their config out (ConfirmStopper.skip). Each is a miss at no cost, stopped by the race."""
-    rows = []
-    for rank, seed in sorted(runs):
-        c = candidates[rank - 1]
-        rows.append(
-            {
-                **{col: c.get(col) for col in columns},
-                "candidate": rank,
-                "phase2_trial_id": c["trial_id"],
-                "batch_size": int(c["batch_size"]),
-                "lr": c["lr"],
-                "seed": seed,
-                "trial_id": "",
-                "env_steps": 0,
-                "wall_s": 0.0,
-                "usd": 0.0,
-                "episode_return_mean": None,
-                "reached": False,
-                "stopped": "race",
-            }
-        )
-    return rows
+    nothing = {"env_steps": 0.0, "wall_s": 0.0, "usd": 0.0}
+    return [
+        run_row(candidates, rank, seed, columns, "", 0, nothing, None, False, "race") for rank, seed in sorted(runs)
+    ]
 
 
 def candidate_values(candidate: dict, spec: Spec) -> dict[str, Any]:

@@ -17,15 +17,23 @@ from rayrl.sweep import design, ladder
 
 
 class PickledSearcher(Searcher):
-    """A searcher whose whole state is one pickle, saved with the experiment so a resumed phase goes on."""
+    """A searcher whose whole state is one pickle, saved with the experiment so a resumed phase goes on.
+
+    ``UNSAVED``: attributes tied to this start (a callback into the driver's other objects): saved as
+    None, and a restore keeps this start's values.
+    """
+
+    UNSAVED: tuple[str, ...] = ()
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:
-            pickle.dump(self.__dict__, f)
+            pickle.dump({**self.__dict__, **dict.fromkeys(self.UNSAVED)}, f)
 
     def restore(self, checkpoint_path: str) -> None:
+        keep = {k: getattr(self, k, None) for k in self.UNSAVED}
         with open(checkpoint_path, "rb") as f:
             self.__dict__.update(pickle.load(f))
+        self.__dict__.update(keep)
 
 
 class DoublingSearcher(PickledSearcher):
@@ -89,36 +97,25 @@ class PlannedRuns(PickledSearcher):
     """The confirmation's planned runs, handed to Tune one by one in order, then FINISHED.
 
     ``skip(point)``: True for a run not worth starting (the race has ruled its config out); it is passed
-    over and kept in ``skipped``. Why: each trial costs seconds of process start and build before its
+    over. Why: each trial costs seconds of process start and build before its
     first result, where the race could stop it. State (the next run) is saved with the experiment, so a
     resumed confirmation plans no run twice; ``skip`` is not saved (after a resume the race starts over).
     """
+
+    UNSAVED = ("skip",)
 
     def __init__(self, points: Sequence[dict], skip: Callable[[dict], bool] | None = None) -> None:
         super().__init__()
         self.points, self.next = [dict(p) for p in points], 0
         self.skip = skip
-        self.skipped: list[dict] = []
 
     def suggest(self, trial_id: str) -> dict | str | None:
         while self.next < len(self.points):
-            point = self.points[self.next]
+            point = dict(self.points[self.next])
             self.next += 1
-            if self.skip is not None and self.skip(dict(point)):
-                self.skipped.append(dict(point))
-                continue
-            return dict(point)
+            if self.skip is None or not self.skip(point):
+                return point
         return Searcher.FINISHED
-
-    def save(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump({**self.__dict__, "skip": None}, f)
-
-    def restore(self, checkpoint_path: str) -> None:
-        skip = getattr(self, "skip", None)
-        super().restore(checkpoint_path)
-        self.skip = skip  # this start's race, not the pickled None
-        self.__dict__.setdefault("skipped", [])
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         pass
