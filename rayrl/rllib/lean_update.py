@@ -65,6 +65,11 @@ def _noop(*args: Any, **kwargs: Any) -> contextlib.nullcontext:
 _MUTED = _MutedMetrics()
 
 
+def muted(metrics: Any) -> bool:
+    """Whether ``metrics`` is a quiet minibatch's stand-in: what is logged to it is never kept."""
+    return metrics is _MUTED
+
+
 def minibatch_indices(n: int, size: int | None, epochs: int, shuffle: bool) -> Iterator[np.ndarray]:
     """Row indices of each minibatch: per epoch ``n // size`` near-equal minibatches of all rows.
 
@@ -103,6 +108,7 @@ class LeanUpdateMixin(_LearnerBase):
     """Put in front of rayrl's PPO learner (see the module docstring)."""
 
     _rayrl_ddp: bool
+    _rayrl_in_train_mode: bool = False  #: the module is in train mode for the whole loop
     rayrl: Any  #: rayrl.rllib.learner.LearnerSettings
     metrics: Any  #: RLlib's MetricsLogger, swapped for _MUTED during a quiet minibatch
 
@@ -161,14 +167,22 @@ class LeanUpdateMixin(_LearnerBase):
         rows: dict[str, int] = dict.fromkeys(columns, 0)
         env_rows, losses = 0, {}
         start = time.perf_counter()
-        for i in range(count):
-            minibatch = {}
-            for mid, cols in columns.items():
-                idx = plans[mid][i % len(plans[mid])]
-                minibatch[mid] = {k: v.index_select(0, idx) for k, v in cols.items()}
-                rows[mid] += len(idx)
-            env_rows += max(len(plans[mid][i % len(plans[mid])]) for mid in columns)
-            losses = self._rayrl_minibatch(minibatch, quiet=i < count - 1)
+        # RLlib's forward_train puts every submodule in train mode on each call (a walk over the
+        # module tree per minibatch); the lean loop does it once and calls _forward_train.
+        for mid in columns:
+            self.module[mid].train()
+        self._rayrl_in_train_mode = True
+        try:
+            for i in range(count):
+                minibatch = {}
+                for mid, cols in columns.items():
+                    idx = plans[mid][i % len(plans[mid])]
+                    minibatch[mid] = {k: v.index_select(0, idx) for k, v in cols.items()}
+                    rows[mid] += len(idx)
+                env_rows += max(len(plans[mid][i % len(plans[mid])]) for mid in columns)
+                losses = self._rayrl_minibatch(minibatch, quiet=i < count - 1)
+        finally:
+            self._rayrl_in_train_mode = False
         self._metrics_learner_inner_update.observe((time.perf_counter() - start) / max(1, count))
         self._rayrl_log_trained(rows, env_rows, count)
         return losses

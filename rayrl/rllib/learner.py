@@ -30,10 +30,16 @@ import torch
 import torch.distributed as dist
 from ray.rllib.algorithms.appo.torch.appo_torch_learner import APPOTorchLearner
 from ray.rllib.algorithms.impala.torch.impala_torch_learner import IMPALATorchLearner
+from ray.rllib.algorithms.ppo.ppo import (
+    LEARNER_RESULTS_KL_KEY,
+    LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY,
+    LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY,
+)
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
 
 from rayrl.errors import SpecError
-from rayrl.rllib.lean_update import LeanUpdateMixin
+from rayrl.rllib import lean_loss
+from rayrl.rllib.lean_update import LeanUpdateMixin, muted
 from rayrl.spec import PRECISIONS, Spec, import_callable, schedule
 
 # Per-module learner metrics; rayrl.rllib.callback.RayrlCallback copies them into result["rayrl"].
@@ -274,7 +280,7 @@ class RayrlTorchLearnerMixin(_LearnerBase):
                 else contextlib.nullcontext()
             )
             with autocast:
-                fwd_out = self.module.forward_train(batch)
+                fwd_out = self._rayrl_forward_train(batch)
                 loss_per_module = self.compute_losses(fwd_out=fwd_out, batch=batch)
             loss_per_module = {mid: loss.float() for mid, loss in loss_per_module.items()}
             if self._rayrl_hook is not None:
@@ -299,6 +305,13 @@ class RayrlTorchLearnerMixin(_LearnerBase):
         if self._rayrl_pending >= s.accumulation_steps:
             self._rayrl_step()
         return fwd_out, loss_per_module, {}
+
+    def _rayrl_forward_train(self, batch: dict) -> dict:
+        """RLlib's forward_train; inside the lean loop (module already in train mode) without the
+        per-call walk that sets train mode on every submodule."""
+        if not getattr(self, "_rayrl_in_train_mode", False):
+            return self.module.forward_train(batch)
+        return {mid: self.module[mid]._forward_train(b) for mid, b in batch.items() if mid in self.module}
 
     def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         # No gradient survives from an earlier update (or from before a set_state / restore).
@@ -514,7 +527,67 @@ class RayrlPPOLearner(LeanUpdateMixin, RayrlTorchLearnerMixin, PPOTorchLearner):
 
     def compute_loss_for_module(self, *, module_id: str, config: Any, batch: dict, fwd_out: dict) -> Any:
         config = self._rayrl_clip_config.get(module_id, config)
-        return super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
+        terms = self._rayrl_lean_terms(module_id, batch)
+        if terms is None:
+            return super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
+        return self._rayrl_lean_loss(terms, module_id, config, batch, fwd_out)
+
+    def _rayrl_lean_terms(self, module_id: str, batch: dict) -> Callable[..., lean_loss.Terms] | None:
+        """The closed-form loss terms where they give RLlib's loss (lean_loss); None: RLlib's own."""
+        from ray.rllib.core.columns import Columns
+
+        if not self.rayrl.lean_update or Columns.LOSS_MASK in batch:
+            return None
+        cache: dict = self.__dict__.setdefault("_rayrl_terms", {})
+        if module_id not in cache:
+            module = self.module[module_id].unwrapped()
+            cache[module_id] = (
+                None
+                if module.is_stateful()
+                else lean_loss.terms_for(module.get_train_action_dist_cls(), module.get_exploration_action_dist_cls())
+            )
+        return cache[module_id]
+
+    def _rayrl_lean_loss(
+        self, terms: Callable[..., lean_loss.Terms], module_id: str, config: Any, batch: dict, fwd_out: dict
+    ) -> torch.Tensor:
+        """RLlib's PPO loss and its logged figures, from lean_loss's terms."""
+        from ray.rllib.core.columns import Columns
+        from ray.rllib.core.learner.learner import ENTROPY_KEY, POLICY_LOSS_KEY, VF_LOSS_KEY
+        from ray.rllib.evaluation.postprocessing import Postprocessing
+        from ray.rllib.utils.torch_utils import explained_variance
+
+        module = self.module[module_id].unwrapped()
+        values = module.compute_values(batch, embeddings=fwd_out.get(Columns.EMBEDDINGS)) if config.use_critic else None
+        total, pieces = lean_loss.ppo_loss(
+            terms(fwd_out[Columns.ACTION_DIST_INPUTS], batch[Columns.ACTION_DIST_INPUTS], batch[Columns.ACTIONS]),
+            old_logp=batch[Columns.ACTION_LOGP],
+            advantages=batch[Postprocessing.ADVANTAGES],
+            values=values,
+            value_targets=batch[Postprocessing.VALUE_TARGETS],
+            clip_param=config.clip_param,
+            vf_clip_param=config.vf_clip_param,
+            vf_loss_coeff=config.vf_loss_coeff,
+            entropy_coeff=self.entropy_coeff_schedulers_per_module[module_id].get_current_value(),
+            kl_coeff=self.curr_kl_coeffs_per_module[module_id] if config.use_kl_loss else None,
+        )
+        if not muted(self.metrics):  # a quiet minibatch's figures are never kept: not computed
+            targets = batch[Postprocessing.VALUE_TARGETS]
+            self.metrics.log_dict(
+                {
+                    POLICY_LOSS_KEY: -pieces["surrogate"].mean(),
+                    VF_LOSS_KEY: pieces["vf_loss_clipped"].mean(),
+                    LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY: pieces["vf_loss"].mean(),
+                    LEARNER_RESULTS_VF_EXPLAINED_VAR_KEY: explained_variance(
+                        targets, values if values is not None else torch.zeros((), device=targets.device)
+                    ),
+                    ENTROPY_KEY: pieces["entropy"].mean(),
+                    LEARNER_RESULTS_KL_KEY: pieces["mean_kl"],
+                },
+                key=module_id,
+                window=1,
+            )
+        return total
 
 
 class RayrlAPPOLearner(_AsyncGuardMixin, RayrlTorchLearnerMixin, APPOTorchLearner):
