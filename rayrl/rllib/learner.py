@@ -510,6 +510,11 @@ class _AsyncGuardMixin(_LearnerBase):
 class RayrlPPOLearner(LeanUpdateMixin, RayrlTorchLearnerMixin, PPOTorchLearner):
     """PPO with rayrl's precision, accumulation, clipping, non-finite guard and clip anneal."""
 
+    def build(self) -> None:
+        #: per module: lean_loss's closed form for its distributions, or None (RLlib's loss)
+        self._rayrl_terms: dict[str, Callable[..., lean_loss.Terms] | None] = {}
+        super().build()
+
     def before_gradient_based_update(self, *, timesteps: dict[str, Any]) -> None:
         super().before_gradient_based_update(timesteps=timesteps)
         points = self.rayrl.clip_schedule
@@ -538,7 +543,7 @@ class RayrlPPOLearner(LeanUpdateMixin, RayrlTorchLearnerMixin, PPOTorchLearner):
 
         if not self.rayrl.lean_update or Columns.LOSS_MASK in batch:
             return None
-        cache: dict = self.__dict__.setdefault("_rayrl_terms", {})
+        cache = self._rayrl_terms
         if module_id not in cache:
             module = self.module[module_id].unwrapped()
             cache[module_id] = (
