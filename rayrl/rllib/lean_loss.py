@@ -86,9 +86,11 @@ def ppo_loss(
     else:
         vf_loss = vf_loss_clipped = torch.zeros((), device=surrogate.device)
     total = torch.mean(-surrogate + vf_loss_coeff * vf_loss_clipped - entropy_coeff * entropy)
-    mean_kl = kl.mean() if kl_coeff is not None else torch.zeros((), device=surrogate.device)
     if kl_coeff is not None:
+        mean_kl = kl.mean()
         total = total + kl_coeff * mean_kl
+    else:
+        mean_kl = torch.zeros((), device=surrogate.device)
     pieces = {
         "surrogate": surrogate,
         "vf_loss": vf_loss,

@@ -108,7 +108,7 @@ class LeanUpdateMixin(_LearnerBase):
     """Put in front of rayrl's PPO learner (see the module docstring)."""
 
     _rayrl_ddp: bool
-    _rayrl_in_train_mode: bool = False  #: the module is in train mode for the whole loop
+    _rayrl_in_train_mode: bool  #: the module is in train mode for the whole loop (default: learner.py)
     rayrl: Any  #: rayrl.rllib.learner.LearnerSettings
     metrics: Any  #: RLlib's MetricsLogger, swapped for _MUTED during a quiet minibatch
 

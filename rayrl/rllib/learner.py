@@ -36,6 +36,10 @@ from ray.rllib.algorithms.ppo.ppo import (
     LEARNER_RESULTS_VF_LOSS_UNCLIPPED_KEY,
 )
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.learner.learner import ENTROPY_KEY, POLICY_LOSS_KEY, VF_LOSS_KEY
+from ray.rllib.evaluation.postprocessing import Postprocessing
+from ray.rllib.utils.torch_utils import explained_variance
 
 from rayrl.errors import SpecError
 from rayrl.rllib import lean_loss
@@ -202,6 +206,9 @@ def check_precision(mode: str, device: torch.device | str) -> torch.dtype | None
 class RayrlTorchLearnerMixin(_LearnerBase):
     """Put in front of an RLlib Torch learner; replaces its per-minibatch update (see module doc)."""
 
+    #: set by lean_update's loop while the module stays in train mode for all its minibatches
+    _rayrl_in_train_mode: bool = False
+
     # ---- set-up ---------------------------------------------------------------------------------
 
     def build(self) -> None:
@@ -267,7 +274,8 @@ class RayrlTorchLearnerMixin(_LearnerBase):
     def _uncompiled_update(self, batch: dict, **kwargs: Any) -> tuple[Any, Any, Any]:
         """Forward + loss under autocast, backward of loss / K; every K-th minibatch one step."""
         s = self.rayrl
-        self._compute_off_policyness(batch)  # logged to nothing in lean_update's quiet minibatches
+        if not muted(self.metrics):  # a quiet minibatch (lean_update) keeps none of its figures
+            self._compute_off_policyness(batch)
         with contextlib.ExitStack() as stack:
             if self._rayrl_ddp:
                 # Gradients are averaged once per optimizer step in _rayrl_step, not per backward.
@@ -309,7 +317,7 @@ class RayrlTorchLearnerMixin(_LearnerBase):
     def _rayrl_forward_train(self, batch: dict) -> dict:
         """RLlib's forward_train; inside the lean loop (module already in train mode) without the
         per-call walk that sets train mode on every submodule."""
-        if not getattr(self, "_rayrl_in_train_mode", False):
+        if not self._rayrl_in_train_mode:
             return self.module.forward_train(batch)
         return {mid: self.module[mid]._forward_train(b) for mid, b in batch.items() if mid in self.module}
 
@@ -539,8 +547,6 @@ class RayrlPPOLearner(LeanUpdateMixin, RayrlTorchLearnerMixin, PPOTorchLearner):
 
     def _rayrl_lean_terms(self, module_id: str, batch: dict) -> Callable[..., lean_loss.Terms] | None:
         """The closed-form loss terms where they give RLlib's loss (lean_loss); None: RLlib's own."""
-        from ray.rllib.core.columns import Columns
-
         if not self.rayrl.lean_update or Columns.LOSS_MASK in batch:
             return None
         cache = self._rayrl_terms
@@ -557,11 +563,6 @@ class RayrlPPOLearner(LeanUpdateMixin, RayrlTorchLearnerMixin, PPOTorchLearner):
         self, terms: Callable[..., lean_loss.Terms], module_id: str, config: Any, batch: dict, fwd_out: dict
     ) -> torch.Tensor:
         """RLlib's PPO loss and its logged figures, from lean_loss's terms."""
-        from ray.rllib.core.columns import Columns
-        from ray.rllib.core.learner.learner import ENTROPY_KEY, POLICY_LOSS_KEY, VF_LOSS_KEY
-        from ray.rllib.evaluation.postprocessing import Postprocessing
-        from ray.rllib.utils.torch_utils import explained_variance
-
         module = self.module[module_id].unwrapped()
         values = module.compute_values(batch, embeddings=fwd_out.get(Columns.EMBEDDINGS)) if config.use_critic else None
         total, pieces = lean_loss.ppo_loss(
