@@ -34,7 +34,7 @@ def restore_checkpoints(run_dir: Path, spec: Spec) -> tuple[list[dict], float | 
         row: dict[str, Any] = {"checkpoint": str(path.relative_to(run_dir))}
         algorithm = None
         try:
-            algorithm = Algorithm.from_checkpoint(str(path))
+            algorithm = Algorithm.from_checkpoint(str(path.resolve()))  # pyarrow takes no relative path
             row["restore_s"] = round(time.monotonic() - start, 2)
             row["episode_return"], row["episode_len"] = _play_episode(algorithm)
             row["ok"] = True
