@@ -196,6 +196,9 @@ def test_trial_death_retries_from_the_latest_checkpoint(drilled):
     )
     assert d["outcome"] == "recovered" and 0 < d["recovery_s"] < RECOVERY_S_MAX
     assert d["retries"] == 1
+    # from the latest checkpoint: with one every iteration, that of the last result seen before the
+    # kill or (its save still in flight) the one before
+    assert d["resumed_from_checkpoint_iteration"] >= d["killed_at_iteration"] - 1
     # counters continue from the checkpoint, not from zero
     assert d["first_iteration_after"] == d["resumed_from_checkpoint_iteration"] + 1 > 1
     assert d["first_env_steps_after"] >= 0.9 * drill_harness.BATCH * d["first_iteration_after"]

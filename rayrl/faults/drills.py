@@ -111,13 +111,7 @@ def trial_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
         t_kill = kill_pid(actor[0]["Pid"], actor[0]["Address"]["NodeID"])
         say(f"trial: killed the {cls} trial actor pid {actor[0]['Pid']} at iteration {before['iteration']}")
 
-        # Timed from the retry's first result: one the killed actor sent just before the kill can
-        # still reach the driver after it, and would read as a recovery in milliseconds.
-        def back() -> float | None:
-            retried = monitor.first("recover", after=t_kill)
-            return None if retried is None else next((t for t, _ in monitor.results(after=retried)), None)
-
-        t_back = wait_for(back, monitor.deadline)
+        t_back = wait_for(lambda: monitor.first_result_after("recover", t_kill), monitor.deadline)
         if t_back:
             wait_for(lambda: after_recovery(monitor, t_back), monitor.deadline)
         return {
@@ -131,16 +125,10 @@ def trial_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
     if "t_kill" not in info:
         return outcome("trial", False, None, problem=info.get("problem", "no kill"))
     t_kill, t_back = info["t_kill"], info.get("t_back")
-    checkpoints = [d["iteration"] for t, k, d in monitor.events if k == "checkpoint" and t < (t_back or 0)]
     first = next((d for t, d in monitor.results(after=(t_back or t_kill) - 1e-6)), {})
-    resumed_from = max(checkpoints) if checkpoints else None
-    continued = (
-        bool(first)
-        and resumed_from is not None
-        and first["iteration"] == resumed_from + 1
-        and first["iteration"] > 1
-        and (first["env_steps"] or 0) > 0
-    )
+    registered = next((d for t, k, d in monitor.events if k == "recover" and t > t_kill), {}).get("from_iteration")
+    resumed_from = first["iteration"] - 1 if first.get("since_restore") == 1 else None
+    continued = resumed_from_latest(monitor, t_kill, registered, resumed_from, first)
     ok = (
         t_back is not None
         and monitor.count("recover") >= 1
@@ -155,12 +143,30 @@ def trial_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
         retries=monitor.count("recover"),
         killed_at_iteration=info["killed_at_iteration"],
         resumed_from_checkpoint_iteration=resumed_from,
+        tune_registered_iteration=registered,
+        restored_newer_than_registered=first.get("newer_than_registered"),
         first_iteration_after=first.get("iteration"),
         first_env_steps_after=first.get("env_steps"),
         env_steps_at_kill=info.get("env_steps_at_kill"),
         final_iteration=(result.metrics or {}).get(keys.ITERATION),
         **({"problem": info["problem"]} if "problem" in info else {}),
     )
+
+
+def resumed_from_latest(
+    monitor: Monitor, t_kill: float, registered: int | None, resumed_from: int | None, first: dict
+) -> bool:
+    """The retry went on from the latest checkpoint: at least Tune's latest registered one and every
+    one registered before the kill, a newer one only where the trainable says it restored one that
+    Tune never registered (a save the kill cut off), and counters that continue rather than restart."""
+    if not first or registered is None or resumed_from is None or resumed_from < 1:
+        return False
+    seen = [d["iteration"] for t, k, d in monitor.events if k == "checkpoint" and t < t_kill]
+    if resumed_from < max(registered, *seen):
+        return False
+    if resumed_from > registered and not first.get("newer_than_registered"):
+        return False
+    return (first["env_steps"] or 0) > 0
 
 
 def node_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
@@ -196,14 +202,7 @@ def node_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
             f"iteration {before['iteration']}"
         )
 
-        def back() -> float | None:
-            for t, r in monitor.results(after=t_kill):
-                retried = monitor.count("recover", after=t_kill) > 0
-                if r["healthy"] == runners and ((r["restarts"] or 0) > (before["restarts"] or 0) or retried):
-                    return t
-            return None
-
-        t_back = wait_for(back, monitor.deadline)
+        t_back = wait_for(lambda: back_after_node_loss(monitor, t_kill, before, runners), monitor.deadline)
         if t_back:
             wait_for(lambda: after_recovery(monitor, t_back), monitor.deadline)
         return {
@@ -228,6 +227,18 @@ def node_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
         final_iteration=(result.metrics or {}).get(keys.ITERATION),
         **({"problem": info["problem"]} if "problem" in info else {}),
     )
+
+
+def back_after_node_loss(monitor: Monitor, t_kill: float, before: dict, runners: int) -> float | None:
+    """When training was back after a node loss: the first result with every EnvRunner healthy that
+    follows a restart of the lost runners in place, or the trial's retry. After a retry only results
+    that came after it count: one the lost trial actor sent before the kill can arrive after it."""
+    retry = monitor.first("recover", after=t_kill)
+    for t, r in monitor.results(after=t_kill):
+        restarted = (r["restarts"] or 0) > (before["restarts"] or 0)
+        if r["healthy"] == runners and (restarted or (retry is not None and t > retry)):
+            return t
+    return None
 
 
 def _kill_raylet(node_id: str) -> float:

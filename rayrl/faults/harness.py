@@ -114,6 +114,15 @@ class Monitor:
         """When the first ``kind`` event after ``after`` came, if one did."""
         return next((t for t, k, _ in list(self.events) if k == kind and t > after), None)
 
+    def first_result_after(self, kind: str, after: float) -> float | None:
+        """When the first result came that followed the first ``kind`` event after ``after``.
+
+        Recovery is timed from this: a result the killed actor sent just before the kill can reach
+        the driver after it, and would read as a recovery in milliseconds.
+        """
+        since = self.first(kind, after=after)
+        return None if since is None else next((t for t, _ in self.results(after=since)), None)
+
     def count(self, kind: str, after: float = 0.0) -> int:
         """How many ``kind`` events came after ``after`` (checkpoints, retries, errors)."""
         return sum(1 for t, k, _ in list(self.events) if k == kind and t > after)
@@ -135,13 +144,21 @@ def _tune_hooks(monitor: Monitor) -> tuple[Any, Any]:
                 env_steps=keys.lookup(result, keys.ENV_STEPS),
                 healthy=ft.get("num_healthy_workers"),
                 restarts=ft.get("num_remote_worker_restarts"),
+                since_restore=result.get("iterations_since_restore"),
+                newer_than_registered=bool(
+                    keys.lookup(result, keys.CHECKPOINT_COUNTS["restored_newer_than_registered"], 0)
+                ),
             )
 
         def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
             self.m.add("checkpoint", iteration=int((trial.last_result or {}).get(keys.ITERATION, 0)))
 
         def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            self.m.add("recover")
+            # Tune's latest registered checkpoint, which it hands the retry (the tiered trainable may
+            # restore a newer intact one that a save the kill cut off left behind).
+            latest = trial.latest_checkpoint_result
+            metrics = (latest.metrics or {}) if latest is not None else {}
+            self.m.add("recover", from_iteration=int(metrics.get(keys.ITERATION, 0)) if latest else None)
 
         def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             self.m.add("error")
