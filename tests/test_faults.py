@@ -517,6 +517,12 @@ def test_kill_during_a_checkpoint_write_leaves_a_resumable_run(tmp_path, ray_loc
         f"killed once Tune registered {torn.name}: {len(killed['files_at_kill'])} of {len(complete)} files "
         "of its storage copy on disk; its tier-1 copy complete"
     )
+    # A checkpoint newer than the registered one (a loaded machine's late kill) was never registered:
+    # remove it, as if the kill had landed a moment earlier, so the resume meets the torn one first.
+    for root in (torn.parent, tier1.parent):
+        for newer in root.glob("checkpoint_*"):
+            if int(newer.name.rsplit("_", 1)[1]) > killed["index"]:
+                shutil.rmtree(newer)
     # Whatever the race gave, leave the torn state: the storage copy cut short before its manifest, and
     # the node-local copy with its manifest whole but its data cut short (only verification rejects it).
     _tear(torn, complete, keep_manifest=False)

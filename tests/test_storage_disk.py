@@ -17,6 +17,9 @@ from rayrl.observe import keys
 
 pytestmark = pytest.mark.slow
 
+#: iterations the run would train: enough that the full disk stops it first, however fast it learns
+ITERS = 40
+
 
 def test_a_full_disk_stops_train_with_a_clear_error_and_it_resumes_once_freed(tmp_path):
     disk = tmp_path / "disk"
@@ -51,7 +54,7 @@ def test_a_full_disk_stops_train_with_a_clear_error_and_it_resumes_once_freed(tm
             "--set",
             "stop.episode_return=100000",
             "--set",
-            "stop.env_steps=6144",
+            f"stop.env_steps={512 * ITERS}",
         ]
         run = disk / "full"
         first = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -80,7 +83,7 @@ def test_a_full_disk_stops_train_with_a_clear_error_and_it_resumes_once_freed(tm
         assert yaml.safe_load((run / "spec.yaml").read_text())["algo"]["train_batch_per_learner"] == 512
         history = pd.read_csv(run / "history.csv")
         stopped_at = int(history[keys.ITERATION].max())
-        assert history[keys.ITERATION].notna().all() and stopped_at < 12
+        assert history[keys.ITERATION].notna().all() and stopped_at < ITERS
 
         filler.unlink()  # space freed: the same command resumes and finishes
         again = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=300)
@@ -88,6 +91,6 @@ def test_a_full_disk_stops_train_with_a_clear_error_and_it_resumes_once_freed(tm
         after = pd.read_csv(run / "history.csv")
         resumed = after.iloc[len(history) :]
         summary = json.loads((run / "summary.json").read_text())
-        assert summary["status"] == "finished" and summary["env_steps"] >= 6144
+        assert summary["status"] == "finished" and summary["env_steps"] >= 512 * ITERS
         first = int(resumed[keys.ITERATION].iloc[0])
         assert 1 < first <= stopped_at + 1  # from a checkpoint, not from the start

@@ -67,6 +67,8 @@ SWEEP = [
     "--set",
     "search.min_batch=512",
 ]  # phase 2 on the one rung only
+#: 32 iterations: a run still going while the poll below waits for a sealed state naming a checkpoint
+TRAIN_ENV_STEPS = 512 * 32
 TRAIN = [
     sys.executable,
     "-m",
@@ -86,7 +88,7 @@ TRAIN = [
     "--set",
     "stop.episode_return=100000",
     "--set",
-    "stop.env_steps=6144",
+    f"stop.env_steps={TRAIN_ENV_STEPS}",
 ]
 
 
@@ -223,7 +225,7 @@ def test_sweep_and_train_on_s3_resume_from_the_bucket_alone(s3_server, tmp_path)
     first = int(re.search(r"iter (\d+)", more.stdout).group(1))
     assert 1 < first <= killed_at + 1  # the counters go on from the checkpoint in the bucket
     train_summary = json.loads(get("tr/summary.json"))
-    assert train_summary["status"] == "finished" and train_summary["env_steps"] >= 6144
+    assert train_summary["status"] == "finished" and train_summary["env_steps"] >= TRAIN_ENV_STEPS
     assert int(pd.read_csv(io.BytesIO(get("tr/history.csv")))[keys.ITERATION].max()) == train_summary["iterations"]
 
     wipe()

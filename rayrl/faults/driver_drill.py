@@ -48,6 +48,17 @@ def _newest_state(exp: Path) -> list[dict]:
         return []
 
 
+def _state_names_a_checkpoint(exp: Path) -> bool:
+    """Whether Tune's newest experiment state records a trial checkpoint (its paths are in pickled
+    fields, stored as hex)."""
+    files = sorted(exp.glob("experiment_state-*.json"))
+    try:
+        text = files[-1].read_text(errors="replace") if files else ""
+    except OSError:  # replaced as we read it: look again
+        return False
+    return "checkpoint_00000" in text or b"checkpoint_00000".hex() in text
+
+
 def _history_rows(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
@@ -88,9 +99,11 @@ def driver_drill(
             if done >= 1 and "RUNNING" in states and done < dspec.search.num_samples:
                 return {"killed_at": f"the search, {done} of {dspec.search.num_samples} trials finished"}
             return None
-        ckpts = list((run_dir / "tune").glob("*/checkpoint_*"))
+        # Tune's saved state, what the rerun resumes from, must name a checkpoint (a checkpoint folder
+        # alone is not enough: Tune saves its state after checkpoint.keep of them, or every 10 s)
         rows = len(_history_rows(history)) - 1
-        return {"killed_at": f"iteration {rows}"} if ckpts and rows >= KILL_AFTER_ITERS else None
+        ready = rows >= KILL_AFTER_ITERS and _state_names_a_checkpoint(run_dir / "tune")
+        return {"killed_at": f"iteration {rows}"} if ready else None
 
     say(
         f"driver: started {'the sweep' if sweep else 'rayrl train'} on a scratch spec; waiting for "

@@ -73,7 +73,7 @@ def drill_spec(spec: Spec, name: str, *, env_runners: int | None = None, kind: s
             max_concurrent=1,
         )
     elif kind == "driver":
-        data["stop"]["env_steps"] = BATCH * 16
+        data["stop"]["env_steps"] = BATCH * 48  # room past the kill point, however fast it trains
     return spec_mod.from_dict(data)
 
 
