@@ -190,7 +190,7 @@ class Moto:
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [_moto_server() or "moto_server", "-H", "127.0.0.1", "-p", str(self.port)],
-            env={**os.environ, **({"INITIAL_NO_AUTH_ACTION_COUNT": "5"} if auth else {})},
+            env={**os.environ, **({"INITIAL_NO_AUTH_ACTION_COUNT": "4"} if auth else {})},
             start_new_session=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -207,9 +207,7 @@ class Moto:
                 time.sleep(0.2)
         self.key, self.secret = "bench", "bench"
         self._boto3 = boto3
-        self.client().create_bucket(Bucket=BUCKET)  # without auth these five calls are the free ones
-        # Versioned, so a manifest Tune deleted soon after it landed is still listed (Bucket._watch).
-        self.client().put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+        self.client().create_bucket(Bucket=BUCKET)  # without auth these four calls are the free ones
         if auth:
             iam = self._client("iam")
             iam.create_user(UserName="run")
@@ -384,29 +382,14 @@ class Bucket:
         text = self.get(states[-1]).decode(errors="replace")
         return "checkpoint_00000" in text or b"checkpoint_00000".hex() in text
 
-    def manifest_versions(self) -> list[tuple[int, str]]:
-        """(index, ETag) of every version of every checkpoint manifest the bucket ever held, those Tune
-        deleted since included (the bucket is versioned): at batch 512 a kept checkpoint lives about
-        two iterations, well under the watcher's one look a second."""
-        from rayrl.storage import manifest
-
-        out: list[tuple[int, str]] = []
-        pages = self.client.get_paginator("list_object_versions").paginate(Bucket=BUCKET, Prefix=self.prefix)
-        for page in pages:
-            for v in page.get("Versions", []):
-                index = _index(v["Key"])
-                if index is not None and v["Key"].endswith("/" + manifest.NAME):
-                    out.append((index, v.get("ETag", "").strip('"')))
-        return out
-
     def _watch(self) -> None:
         while not self._stop.wait(1.0):
             try:
-                found = self.manifest_versions()
+                found = self.manifests()
             except Exception:  # noqa: BLE001 - the server refuses or is slow: look again later
                 continue
             now = time.time()
-            for index, etag in found:
+            for index, etag in found.items():
                 self.seen.setdefault(index, {}).setdefault(etag, now)
 
     def stop(self) -> None:
