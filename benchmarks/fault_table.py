@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common as C
+from rayrl.faults.driver_drill import state_names_a_checkpoint
 
 BUCKET = "faults"
 NAME = "run"
@@ -380,7 +381,7 @@ class Bucket:
         if not states:
             return False
         text = self.get(states[-1]).decode(errors="replace")
-        return "checkpoint_00000" in text or b"checkpoint_00000".hex() in text
+        return state_names_a_checkpoint(text)
 
     def _watch(self) -> None:
         while not self._stop.wait(1.0):

@@ -269,14 +269,4 @@ def small_disk(path: Path, size: str) -> Iterator[bool]:
             subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
-def tune_state_names_a_checkpoint(experiment: Path) -> bool:
-    """Whether Tune's newest experiment state already records a trial checkpoint (it writes the state every
-    10 s or after checkpoint.keep checkpoints; a kill before that resumes from the state's older view).
-    The trial's checkpoint paths sit in cloudpickled fields, stored as hex."""
-    states = sorted(Path(experiment).glob("experiment_state-*.json"))
-    return bool(states) and state_names_a_checkpoint(states[-1].read_text(errors="replace"))
-
-
-def state_names_a_checkpoint(text: str) -> bool:
-    """Whether the text of a Tune experiment state records a trial checkpoint (plain or hex-pickled)."""
-    return "checkpoint_00000" in text or b"checkpoint_00000".hex() in text
+from rayrl.faults.driver_drill import state_names_a_checkpoint, tune_state_names_a_checkpoint  # noqa: E402,F401

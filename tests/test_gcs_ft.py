@@ -52,7 +52,7 @@ TRAIN = [
     "--set",
     "stop.wall_s=null",
     "--set",
-    # 300 iterations (a few seconds at batch 512): still training when the GCS comes back, even if
+    # 300 iterations (about 25 s at batch 512): still training when the GCS comes back, even if
     # training runs on through the whole outage (the driver notices it at Tune's next state refresh)
     "stop.env_steps=153600",
     "--set",

@@ -48,15 +48,19 @@ def _newest_state(exp: Path) -> list[dict]:
         return []
 
 
-def _state_names_a_checkpoint(exp: Path) -> bool:
-    """Whether Tune's newest experiment state records a trial checkpoint (its paths are in pickled
-    fields, stored as hex)."""
+def state_names_a_checkpoint(text: str) -> bool:
+    """Whether the text of a Tune experiment state records a trial checkpoint (plain or hex-pickled)."""
+    return "checkpoint_00000" in text or b"checkpoint_00000".hex() in text
+
+
+def tune_state_names_a_checkpoint(exp: Path) -> bool:
+    """Whether Tune's newest experiment state in ``exp`` records a trial checkpoint: what a resume
+    reads (Tune writes it every 10 s or after checkpoint.keep checkpoints)."""
     files = sorted(exp.glob("experiment_state-*.json"))
     try:
-        text = files[-1].read_text(errors="replace") if files else ""
+        return bool(files) and state_names_a_checkpoint(files[-1].read_text(errors="replace"))
     except OSError:  # replaced as we read it: look again
         return False
-    return "checkpoint_00000" in text or b"checkpoint_00000".hex() in text
 
 
 def _history_rows(path: Path) -> list[str]:
@@ -102,7 +106,7 @@ def driver_drill(
         # Tune's saved state, what the rerun resumes from, must name a checkpoint (a checkpoint folder
         # alone is not enough: Tune saves its state after checkpoint.keep of them, or every 10 s)
         rows = len(_history_rows(history)) - 1
-        ready = rows >= KILL_AFTER_ITERS and _state_names_a_checkpoint(run_dir / "tune")
+        ready = rows >= KILL_AFTER_ITERS and tune_state_names_a_checkpoint(run_dir / "tune")
         return {"killed_at": f"iteration {rows}"} if ready else None
 
     say(
