@@ -119,12 +119,16 @@ def zoo_overrides(env_id: str) -> list[str]:
     return [f"{k}={json.dumps(v)}" for k, v in ZOO_SPEC[env_id].items()]
 
 
-def rayrl_zoo_settings(spec: Any, seed: int | None = None) -> Any:
-    """rayrl's config for ``spec`` with RL Zoo's tuned settings for its env laid over it."""
+def rayrl_zoo_settings(spec: Any, seed: int | None = None, sample_ahead: bool = False) -> Any:
+    """rayrl's config for ``spec`` with RL Zoo's tuned settings for its env laid over it (and
+    ``algo.sample_ahead`` on at least one remote runner, when asked)."""
     from rayrl import spec as spec_mod
 
     data = spec_mod.apply_overrides(spec_mod.to_dict(spec), zoo_overrides(spec.env.id))
-    return rayrl(spec_mod.from_dict(data), spec.env.runner, seed)
+    zoo = spec_mod.from_dict(data)
+    if sample_ahead:
+        return rayrl_sample_ahead(zoo, spec.env.runner, seed)
+    return rayrl(zoo, spec.env.runner, seed)
 
 
 def same_settings_gaps(spec: Any) -> list[str]:
@@ -207,9 +211,8 @@ def left_out(env_id: str) -> dict[str, str]:
             f"RL Zoo's tuned hyperparameters are wired in benchmarks/contenders.py for {', '.join(SB3_ZOO_ENVS)} only"
         )
     if env_id not in ZOO_SPEC:
-        out["rayrl_zoo_settings"] = (
-            f"RL Zoo's settings as a rayrl spec are wired in benchmarks/contenders.py for {', '.join(ZOO_SPEC)} only"
-        )
+        why = f"RL Zoo's settings as a rayrl spec are wired in benchmarks/contenders.py for {', '.join(ZOO_SPEC)} only"
+        out["rayrl_zoo_settings"] = out["rayrl_zoo_sample_ahead"] = why
     if env_id not in TUNED_EXAMPLE_ENVS:
         out["rllib_tuned_example"] = (
             f"RLlib 2.60 ships no tuned PPO example for {env_id} (its wheel has no "
@@ -295,6 +298,16 @@ def rayrl(spec: Any, runner: str, seed: int | None = None) -> Any:
     from rayrl.rllib.algo import build_config
 
     return build_config(spec_mod.replace(spec, env={"runner": runner}, **({} if seed is None else {"seed": seed})))
+
+
+def rayrl_sample_ahead(spec: Any, runner: str, seed: int | None = None) -> Any:
+    """rayrl's config with ``algo.sample_ahead`` on, on the spec's remote runners (at least one)."""
+    from rayrl import spec as spec_mod
+
+    ahead = spec_mod.replace(
+        spec, algo={"sample_ahead": True}, resources={"env_runners": max(1, spec.resources.env_runners)}
+    )
+    return rayrl(ahead, runner, seed)
 
 
 def sb3_zoo(seed: int, env_id: str = "CartPole-v1") -> Any:

@@ -19,7 +19,9 @@ picks the peers, as in time_to_reward.py.
   no tuned example for other envs; left out elsewhere, ``left_out`` says why, its figure is null),
   ``sb3_zoo`` (RL Zoo's tuned settings for the env: CartPole-v1, Hopper-v4/v5), ``sb3_same_settings``
   (SB3 at the spec's settings: ``same_settings_gaps`` lists what SB3 cannot take), ``rayrl_rllib_runner``
-  (``env.runner: rllib``) and ``rayrl`` (``env.runner: fast``, whatever the spec says). RLlib's
+  (``env.runner: rllib``), ``rayrl`` (``env.runner: fast``, whatever the spec says) and
+  ``rayrl_sample_ahead`` (the same with ``algo.sample_ahead: true`` on at least one remote runner: the
+  same settings, but each batch trained one update after the weights that sampled it). RLlib's
   tuned example and ``sb3_zoo`` use their own settings: their ratios to rayrl compare settings, not
   platforms; ``rllib_same_settings`` and ``sb3_same_settings`` are the platform comparisons. A spec's
   evaluation section (Hopper's) runs as configured, in rayrl's and rllib_same_settings' iterations alike.
@@ -61,6 +63,7 @@ END_TO_END = (
     "sb3_same_settings",
     "rayrl_rllib_runner",
     "rayrl",
+    "rayrl_sample_ahead",
 )
 GOALS = {"fast_over_rllib_runner": 2.0, "fast_over_limit": 0.70, "rayrl_over_rllib_same_settings": 1.6}
 #: At small batches (<= 256) the per-iteration cost decides: rayrl against SB3 and stock RLlib at its settings.
@@ -256,6 +259,7 @@ def end_to_end(name: str, spec: Any, args: argparse.Namespace) -> tuple[list[flo
         "rllib_tuned_example": lambda: K.rllib_tuned_example(seed=spec.seed),
         "rayrl_rllib_runner": lambda: K.rayrl(spec, "rllib"),
         "rayrl": lambda: K.rayrl(spec, "fast"),
+        "rayrl_sample_ahead": lambda: K.rayrl_sample_ahead(spec, "fast"),
     }[name]()
     timed = C.run_iterations(config, warmup=args.warmup, iters=args.iters)
     check_sampled(name, timed.sps)
@@ -488,6 +492,10 @@ def figures(
         )
     if "rayrl" in e2e and "sb3_same_settings" in e2e:
         out["rayrl_over_sb3_same_settings"] = r(med["rayrl"], med["sb3_same_settings"])
+    # Sampling ahead trains each batch one update late: the same settings, one update of policy lag.
+    for other in ("sb3_same_settings", "rllib_same_settings", "rayrl"):
+        if "rayrl_sample_ahead" in e2e and other in e2e:
+            out[f"rayrl_sample_ahead_over_{other}"] = r(med["rayrl_sample_ahead"], med[other])
     # Different settings: a comparison of configurations, never a platform result.
     for other in ("rllib_tuned_example", "sb3_zoo"):
         if other in e2e and "rayrl" in e2e:
@@ -529,6 +537,7 @@ def print_report(report: dict) -> None:
         "sb3_same_settings": "SB3, rayrl's settings",
         "rayrl_rllib_runner": "rayrl, env.runner rllib",
         "rayrl": "rayrl, env.runner fast",
+        "rayrl_sample_ahead": "rayrl, fast, algo.sample_ahead (1 runner)",
     }
     for name in (*SAMPLING, *END_TO_END):
         if f"{name}_sps" in report:

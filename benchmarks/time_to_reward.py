@@ -23,7 +23,9 @@ The env of ``--config`` picks the peers and the defaults (``ENV_DEFAULTS``):
 
 Contenders (``contenders.py``): ``sb3_zoo`` (SB3 + RL Zoo's tuned hyperparameters for the env),
 ``rayrl_zoo_settings`` (the same hyperparameters as a rayrl spec, annealing included: the platform
-comparison with ``sb3_zoo``, at equal settings),
+comparison with ``sb3_zoo``, at equal settings), ``rayrl_zoo_sample_ahead`` (the same with
+``algo.sample_ahead: true`` on one remote runner: equal settings, but each batch trained one update
+after the weights that sampled it; run only when named in ``--contenders``),
 ``rllib_same_settings`` (stock RLlib with exactly the spec's settings, obs filter and evaluation
 included), ``rllib_tuned_example`` (RLlib's tuned example), ``rayrl_default`` (``--config``),
 ``rayrl_sweep_best`` (the ``best_config.yaml`` of the sweep run folder ``--sweep``) and
@@ -77,6 +79,7 @@ OTHER_CAPS = {"full": (1_000_000, 300.0), "quick": (60_000, 60.0)}
 CONTENDERS = (
     "sb3_zoo",
     "rayrl_zoo_settings",
+    "rayrl_zoo_sample_ahead",
     "rllib_same_settings",
     "rllib_tuned_example",
     "rayrl_default",
@@ -89,10 +92,14 @@ RUN = CONTENDERS[:-1]  #: the total is derived, not run
 left_out = K.left_out  #: the env-specific contenders that cannot run on an env, each with why
 
 
+#: run only when named in --contenders (a variant of another contender, not a peer of its own)
+OPT_IN = ("rayrl_zoo_sample_ahead",)
+
+
 def peers(env_id: str, sweep: bool = False) -> list[str]:
-    """The contenders a run on ``env_id`` has by default: every one that can run there."""
+    """The contenders a run on ``env_id`` has by default: every one that can run there, but the opt-in ones."""
     skip = left_out(env_id)
-    return [c for c in CONTENDERS if c not in skip and (sweep or not c.startswith("rayrl_sweep"))]
+    return [c for c in CONTENDERS if c not in skip and c not in OPT_IN and (sweep or not c.startswith("rayrl_sweep"))]
 
 
 def refusal(env_id: str, names: list[str]) -> str:
@@ -214,6 +221,7 @@ def run_one(name: str, seed: int, args: argparse.Namespace, specs: dict[str, Any
         "rllib_tuned_example": lambda: K.rllib_tuned_example(seed=seed, env_id=env_id),
         "rayrl_default": lambda: K.rayrl(specs["rayrl_default"], specs["rayrl_default"].env.runner, seed),
         "rayrl_zoo_settings": lambda: K.rayrl_zoo_settings(specs["rayrl_default"], seed),
+        "rayrl_zoo_sample_ahead": lambda: K.rayrl_zoo_settings(specs["rayrl_default"], seed, sample_ahead=True),
         "rayrl_sweep_best": lambda: K.rayrl(specs["rayrl_sweep_best"], specs["rayrl_sweep_best"].env.runner, seed),
     }[name]()
     return run_to_target(config, args.target, args.max_env_steps, args.max_wall_s, progress)

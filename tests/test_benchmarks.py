@@ -474,14 +474,20 @@ def test_time_to_reward_peers_follow_the_env_of_the_config():
         "rllib_tuned_example",
         "rayrl_default",
     ]
-    assert ttr.peers("CartPole-v1", sweep=True) == list(ttr.CONTENDERS)
+    assert ttr.peers("CartPole-v1", sweep=True) == [c for c in ttr.CONTENDERS if c not in ttr.OPT_IN]
+    assert "rayrl_zoo_sample_ahead" not in ttr.peers("CartPole-v1", sweep=True)  # opt-in: named in --contenders
     # Hopper: SB3 with Zoo's Hopper settings; RLlib ships no tuned Hopper example, so it is left out.
     for hopper in ("Hopper-v5", "Hopper-v4"):
         assert ttr.peers(hopper) == ["sb3_zoo", "rayrl_zoo_settings", "rllib_same_settings", "rayrl_default"]
         assert set(ttr.left_out(hopper)) == {"rllib_tuned_example"}
         assert "no tuned PPO example for " + hopper in ttr.left_out(hopper)["rllib_tuned_example"]
     assert ttr.peers("Pendulum-v1") == ["rllib_same_settings", "rayrl_default"]
-    assert set(ttr.left_out("Pendulum-v1")) == {"sb3_zoo", "rayrl_zoo_settings", "rllib_tuned_example"}
+    assert set(ttr.left_out("Pendulum-v1")) == {
+        "sb3_zoo",
+        "rayrl_zoo_settings",
+        "rayrl_zoo_sample_ahead",
+        "rllib_tuned_example",
+    }
     assert ttr.left_out("CartPole-v1") == {}
 
 
@@ -528,7 +534,7 @@ def test_time_to_reward_refuses_env_specific_contenders_on_other_envs(capsys):
     # Another env runs what follows the spec, and needs a target: none is guessed for it.
     args = ttr.parse(["--set", "env.id=Pendulum-v1", "--target", "-200"])
     assert args.contenders == ["rllib_same_settings", "rayrl_default"] and args.target == -200.0
-    assert set(args.left_out) == {"sb3_zoo", "rayrl_zoo_settings", "rllib_tuned_example"}
+    assert set(args.left_out) == {"sb3_zoo", "rayrl_zoo_settings", "rayrl_zoo_sample_ahead", "rllib_tuned_example"}
     with pytest.raises(SystemExit):
         ttr.parse(["--set", "env.id=Pendulum-v1"])
     assert "no default target return for Pendulum-v1" in capsys.readouterr().err
@@ -601,16 +607,25 @@ def test_throughput_peers_follow_the_env_and_cartpole_is_unchanged():
         "sb3_same_settings",
         "rayrl_rllib_runner",
         "rayrl",
+        "rayrl_sample_ahead",
     ]
     for hopper in ("Hopper-v5", "Hopper-v4"):
         peers, left_out = tp.end_to_end_peers(hopper)
-        assert peers == ["rllib_same_settings", "sb3_zoo", "sb3_same_settings", "rayrl_rllib_runner", "rayrl"]
+        assert peers == [
+            "rllib_same_settings",
+            "sb3_zoo",
+            "sb3_same_settings",
+            "rayrl_rllib_runner",
+            "rayrl",
+            "rayrl_sample_ahead",
+        ]
         assert (
             set(left_out) == {"rllib_tuned_example"}
             and "no tuned PPO example for " + hopper in left_out["rllib_tuned_example"]
         )
     peers, left_out = tp.end_to_end_peers("Pendulum-v1", ["rayrl_rllib_runner", "sb3_same_settings"])
-    assert peers == ["rllib_same_settings", "rayrl"] and set(left_out) == {"sb3_zoo", "rllib_tuned_example"}
+    assert peers == ["rllib_same_settings", "rayrl", "rayrl_sample_ahead"]
+    assert set(left_out) == {"sb3_zoo", "rllib_tuned_example"}
 
 
 def test_throughput_bare_loop_falls_back_to_sync_where_the_env_has_no_vector_entry_point():

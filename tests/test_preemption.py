@@ -167,7 +167,10 @@ def test_sigterm_checkpoints_and_resumes_and_a_corrupt_newest_checkpoint_is_skip
     assert summary["checkpoint_fallbacks"][0]["restored_iteration"] == good
 
 
-def test_a_runner_whose_env_step_blocks_forever_is_restarted_and_the_run_goes_on(tmp_path):
+@pytest.mark.parametrize("sample_ahead", [False, True], ids=["sample_then_learn", "sample_ahead"])
+def test_a_runner_whose_env_step_blocks_forever_is_restarted_and_the_run_goes_on(tmp_path, sample_ahead):
+    # Sampling ahead, no ping reaches a runner (each is busy with the next sample): the sample that
+    # never arrives is what the watchdog counts as silence.
     marker = tmp_path / "hung"
     proc = subprocess.run(
         train_cmd(
@@ -175,6 +178,7 @@ def test_a_runner_whose_env_step_blocks_forever_is_restarted_and_the_run_goes_on
             "hang",
             "env.id=tests.hang_env:make",
             f"env.config={{marker: '{marker}', after: 300}}",
+            f"algo.sample_ahead={str(sample_ahead).lower()}",
             "resources.env_runners=2",
             "resources.cpus_per_env_runner=0.5",
             "stop.env_steps=8192",

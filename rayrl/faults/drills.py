@@ -99,7 +99,7 @@ def trial_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
 
     dspec = drill_spec(spec, "trial")
     monitor = Monitor(timeout_s)
-    cls = algorithm_class(dspec.algo.name).__name__
+    cls = algorithm_class(dspec.algo.name, dspec.algo.sample_ahead).__name__
 
     def inject() -> dict:
         if not wait_for(lambda: ready_to_kill(monitor, True), monitor.deadline):
@@ -179,7 +179,7 @@ def node_drill(spec: Spec, storage: Path, timeout_s: float = 600.0) -> dict:
     runners = drill_runners(spec)
     dspec = drill_spec(spec, "node", env_runners=runners)
     monitor = Monitor(timeout_s)
-    cls = algorithm_class(dspec.algo.name).__name__
+    cls = algorithm_class(dspec.algo.name, dspec.algo.sample_ahead).__name__
     runner_cls = env_runner_class_name(dspec)
     driver_node = ray.get_runtime_context().get_node_id()
 

@@ -49,9 +49,15 @@ class Watchdog:
             return self.restarts
         manager = group._worker_manager  # RLlib's FaultTolerantActorManager: ids, handles, health
         actors = {rid: manager._actors[rid] for rid in manager.healthy_actor_ids()}
-        refs = {actor.ping.remote(): rid for rid, actor in actors.items()}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=self.ping_s)
-        answered = {refs[r] for r in ready}
+        sampled = getattr(algorithm, "rayrl_answered", None)
+        if sampled is not None:
+            # Sampling ahead (rayrl.rllib.sample_ahead): every runner is busy with the next sample, so
+            # a ping would wait behind it; the sample that arrived this step is the runner's answer.
+            answered = set(sampled)
+        else:
+            refs = {actor.ping.remote(): rid for rid, actor in actors.items()}
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=self.ping_s)
+            answered = {refs[r] for r in ready}
         for rid in silent_too_long(self.silent_since, answered, set(actors), time.monotonic(), self.hung_s):
             print(
                 f"[rayrl] EnvRunner {rid} has not answered for {self.hung_s:g}s (a hung env step?): restarting it",

@@ -163,6 +163,7 @@ def visible_gpus(count: int, env: Mapping[str, str] | None = None) -> list[int]:
 #: rayrl result keys (inside result["rayrl"]) this module writes
 LEARNERS_KEY, RUNNERS_KEY = "learner_hardware", "env_runner_hardware"
 TIMEOUT_S = 10.0
+HARDWARE_TAG = "rayrl_hardware"  #: the tag of a reading asked for without waiting
 
 
 def sample_here(worker: Any, *_: Any) -> dict[str, Any]:
@@ -187,12 +188,22 @@ def collect(algorithm: Any) -> tuple[list[dict], list[dict]]:
     runner_group = getattr(algorithm, "env_runner_group", None)
     if runner_group is not None and runner_group.num_remote_env_runners() > 0:
         try:
-            runners = list(
-                runner_group.foreach_env_runner(sample_here, local_env_runner=False, timeout_seconds=TIMEOUT_S)
-            )
+            runners = _runner_readings(algorithm, runner_group)
         except Exception:  # noqa: BLE001
             runners = []
     return learners, runners
+
+
+def _runner_readings(algorithm: Any, runner_group: Any) -> list[dict]:
+    """Each remote runner's reading. A runner that samples ahead (rayrl.rllib.sample_ahead) is busy
+    with the next sample, so a blocking call would wait for it: its reading is asked for without
+    waiting and the latest one that arrived is reported (one iteration old at most)."""
+    if getattr(algorithm, "rayrl_answered", None) is None:
+        return list(runner_group.foreach_env_runner(sample_here, local_env_runner=False, timeout_seconds=TIMEOUT_S))
+    ready = runner_group.foreach_env_runner_async_fetch_ready(sample_here, tag=HARDWARE_TAG, timeout_seconds=0.0)
+    if ready:
+        algorithm._rayrl_runner_readings = list(ready)
+    return list(getattr(algorithm, "_rayrl_runner_readings", []))
 
 
 def aggregate(section: dict, learners: Sequence[dict], runners: Sequence[dict]) -> dict:

@@ -97,6 +97,11 @@ def build_config(spec: Spec) -> AlgorithmConfig:
         )
         config.env_runners(rollout_fragment_length="auto")
         config.reporting(min_sample_timesteps_per_iteration=a.report_env_steps or None)
+        if a.sample_ahead:
+            config.algo_class = algorithm_class(a.name, sample_ahead=True)
+            # The runners' connector states come back with each sample (rayrl.rllib.sample_ahead);
+            # RLlib's blocking gather after every step would wait behind the sample in flight.
+            config._dont_auto_sync_env_runner_states = True
     else:
         # IMPALA/APPO need minibatches made of whole rollout fragments.
         config.env_runners(rollout_fragment_length=fragment_length(a.minibatch_size))
@@ -122,6 +127,10 @@ def _config_class(name: str) -> type:
     return IMPALAConfig
 
 
-def algorithm_class(name: str) -> type:
-    """The RLlib Algorithm (a Tune Trainable) for ``name``."""
+def algorithm_class(name: str, sample_ahead: bool = False) -> type:
+    """The RLlib Algorithm (a Tune Trainable) for ``name``; PPO's sampling-ahead subclass when asked."""
+    if sample_ahead and name == "PPO":
+        from rayrl.rllib.sample_ahead import PPO
+
+        return PPO
     return _config_class(name)().algo_class

@@ -171,6 +171,7 @@ def validate(spec: Spec) -> None:
             "the local learner takes 0 or 1 GPU."
         )
     check_recipe(spec)
+    check_sample_ahead(spec)
     space.check(spec, _convert)
     preflight.check_conv_filters(spec.model.conv_filters)
     preflight.check_env(spec.env.id)
@@ -183,6 +184,24 @@ def validate(spec: Spec) -> None:
         raise SpecError(
             f"population.entropy_min: {pop.entropy_min} is above population.entropy_max "
             f"({pop.entropy_max}); the entropy range must be non-empty."
+        )
+
+
+def check_sample_ahead(spec: Spec) -> None:
+    """algo.sample_ahead needs PPO (APPO and IMPALA sample asynchronously already) and a remote runner."""
+    if not spec.algo.sample_ahead:
+        return
+    if spec.algo.name != "PPO":
+        raise SpecError(
+            f"algo.sample_ahead: true with algo.name {spec.algo.name}; it overlaps PPO's sample-then-learn "
+            "step, and APPO and IMPALA already sample while they learn. Use algo.name: PPO or set "
+            "algo.sample_ahead: false."
+        )
+    if spec.resources.env_runners < 1:
+        raise SpecError(
+            "algo.sample_ahead: true with resources.env_runners: 0; the next batch is sampled by a remote "
+            "EnvRunner while the learner trains, so it needs resources.env_runners >= 1 (or set "
+            "algo.sample_ahead: false to sample in the trial's process)."
         )
 
 

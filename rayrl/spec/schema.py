@@ -119,6 +119,13 @@ class AlgoSpec:
         "a batch below it shares that work across several updates; 0 (the default): one update per report",
         min=0,
     )
+    sample_ahead: bool = doc(
+        False,
+        "PPO with remote env runners (resources.env_runners >= 1): the runners sample the next batch while "
+        "the learner trains on this one, so sampling and SGD use two cores at once; each batch is then "
+        "trained one update after the weights that sampled it (PPO's ratio and clip take the sampling "
+        "policy's log-probabilities, as for any batch); false: sample, then learn",
+    )
 
 
 @dataclass(frozen=True)

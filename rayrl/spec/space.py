@@ -29,6 +29,7 @@ NOT_SEARCHABLE = {
     "algo.lr": "the lr's range is search.lr_min..search.lr_max",
     "algo.train_batch_per_learner": "the batch comes from the ladder (search.doubling) and search.min_batch",
     "algo.report_env_steps": "it sets how often results are reported, not how the agent learns",
+    "algo.sample_ahead": "it needs remote env runners (resources), which a trial cannot change alone",
     "model.lstm": "a recurrent module changes the runner and the batch layout; give it its own spec",
     "model.conv_filters": "the CNN's layers are the spec's; give each architecture its own spec",
 }

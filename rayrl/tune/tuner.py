@@ -54,7 +54,7 @@ def make_tuner(
     subdir = subdir or runfolder.PHASE_DIRS.get(phase, phase)
 
     trackers = logger_callbacks(spec, phase, paths.name)  # before a restore too: it sets Tune's loggers
-    trainable = algorithm_class(spec.algo.name)
+    trainable = algorithm_class(spec.algo.name, spec.algo.sample_ahead)
     # The long run (and the drills' copies of it): tiered, verified checkpoints, SIGTERM handling and
     # a failure budget by rate. Sweep trials keep Tune's own checkpoints and lifetime retry count, so
     # one broken search trial errors alone instead of ending the sweep.
