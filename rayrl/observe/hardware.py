@@ -202,8 +202,8 @@ def _runner_readings(algorithm: Any, runner_group: Any) -> list[dict]:
         return list(runner_group.foreach_env_runner(sample_here, local_env_runner=False, timeout_seconds=TIMEOUT_S))
     ready = runner_group.foreach_env_runner_async_fetch_ready(sample_here, tag=HARDWARE_TAG, timeout_seconds=0.0)
     if ready:
-        algorithm._rayrl_runner_readings = list(ready)
-    return list(getattr(algorithm, "_rayrl_runner_readings", []))
+        algorithm.rayrl_runner_readings = list(ready)
+    return list(algorithm.rayrl_runner_readings)
 
 
 def aggregate(section: dict, learners: Sequence[dict], runners: Sequence[dict]) -> dict:

@@ -67,10 +67,13 @@ class PPO(RLlibPPO):
 
     #: the runners whose sample arrived in the latest training step (the hung-runner watchdog's answer)
     rayrl_answered: set[int]
+    #: the runners' latest hardware readings that arrived (rayrl.observe.hardware asks without waiting)
+    rayrl_runner_readings: list[dict]
 
     def setup(self, config: Any) -> None:
         super().setup(config)
         self.rayrl_answered = set()
+        self.rayrl_runner_readings = []
         self._rayrl_in_flight = 0
         self._rayrl_threads_before: int | None = None
         if self.config.num_learners == 0 and not self.config.num_gpus_per_learner:
@@ -120,6 +123,7 @@ class PPO(RLlibPPO):
                 module_to_env=self.module_to_env_connector,
             )
         self._rayrl_launch()
+        # The update as RLlib's PPO.training_step runs it (RLlib 2.60): re-check it on an RLlib upgrade.
         with self.metrics.log_time((TIMERS, LEARNER_UPDATE_TIMER)):
             learner_results = self.learner_group.update(
                 episodes=episodes,
