@@ -38,7 +38,8 @@
   network (separate policy and value MLPs of ``model.hidden``, or SB3's shared trunk with
   ``vf_share_layers``), orthogonal init only with ``model.init: orthogonal``, VecNormalize with
   ``model.normalize_obs`` / ``algo.normalize_reward``. Not mapped (SB3 has no equivalent):
-  RLlib's value-loss clip (``algo.vf_clip``) and schedules other than to 0; the ratio is then a
+  RLlib's value-loss clip (``algo.vf_clip``), RLlib's KL penalty (``algo.kl_coeff`` unless 0) and
+  schedules other than to 0; the ratio is then a
   platform result only as far as these match, which ``same_settings_gaps`` lists.
 * ``rayrl_zoo_settings``: RL Zoo's tuned settings for the env (``ZOO_SPEC``) as rayrl spec overrides:
   the same algorithm as ``sb3_zoo``, on rayrl.
@@ -74,6 +75,7 @@ ZOO_SPEC: dict[str, dict[str, Any]] = {
         "algo.vf_loss_coeff": 0.5,  # SB3's defaults from here on
         "algo.grad_clip": 0.5,
         "algo.vf_clip": None,
+        "algo.kl_coeff": 0.0,  # SB3 has no KL penalty
         "algo.adam_eps": 1e-5,
         "model.hidden": [64, 64],
         "model.activation": "tanh",
@@ -94,6 +96,7 @@ ZOO_SPEC: dict[str, dict[str, Any]] = {
         "algo.vf_loss_coeff": 0.835671,
         "algo.grad_clip": 0.7,
         "algo.vf_clip": None,
+        "algo.kl_coeff": 0.0,  # SB3 has no KL penalty
         "algo.adam_eps": 1e-5,
         "algo.normalize_reward": True,
         "model.normalize_obs": True,
@@ -137,6 +140,9 @@ def same_settings_gaps(spec: Any) -> list[str]:
     gaps = []
     if a.vf_clip is not None:
         gaps.append(f"algo.vf_clip {a.vf_clip} (RLlib clips the value loss; SB3 has no such clip)")
+    if a.name == "PPO" and a.kl_coeff != 0:
+        coeff = "RLlib's 0.2" if a.kl_coeff is None else a.kl_coeff
+        gaps.append(f"algo.kl_coeff {coeff} (RLlib's PPO adds an adaptive KL penalty; SB3 has none: set 0)")
     for name in ("lr_final", "clip_final", "entropy_final"):
         if getattr(a, name) not in (None, 0.0):
             gaps.append(f"algo.{name} {getattr(a, name)} (SB3's linear schedules end at 0)")
@@ -224,6 +230,7 @@ def left_out(env_id: str) -> dict[str, str]:
 def rllib_same_settings(spec: Any, seed: int | None = None) -> Any:
     from ray.rllib.algorithms.ppo import PPOConfig
 
+    from rayrl.rllib.algo import kl_settings
     from rayrl.rllib.models import model_config
 
     a, r = spec.algo, spec.resources
@@ -253,6 +260,8 @@ def rllib_same_settings(spec: Any, seed: int | None = None) -> Any:
         # one report per 2,048 steps with one per update (different settings)
         .reporting(metrics_num_episodes_for_smoothing=20, min_sample_timesteps_per_iteration=a.report_env_steps or None)
     )
+    if a.kl_coeff is not None:
+        config.training(**kl_settings(a.kl_coeff))
     if spec.model.normalize_obs:
         # RLlib's own running mean/std filter, the piece rayrl.rllib.algo.build_config adds for normalize_obs.
         config.env_runners(env_to_module_connector=mean_std_filter)

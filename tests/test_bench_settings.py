@@ -34,7 +34,13 @@ def test_sb3_same_settings_takes_every_number_of_the_spec():
     assert model.policy.optimizer.defaults["eps"] == a.adam_eps and not model.policy.ortho_init
     # the same network: separate 64x64 tanh policy and value MLPs, a linear head each
     assert sum(p.numel() for p in model.policy.parameters()) == _rayrl_params(K.rayrl(spec, "fast"), "CartPole-v1")
-    assert K.same_settings_gaps(spec) == ["algo.vf_clip 10.0 (RLlib clips the value loss; SB3 has no such clip)"]
+    assert K.same_settings_gaps(spec) == [
+        "algo.vf_clip 10.0 (RLlib clips the value loss; SB3 has no such clip)",
+        "algo.kl_coeff RLlib's 0.2 (RLlib's PPO adds an adaptive KL penalty; SB3 has none: set 0)",
+    ]
+    equal = C.load_spec(C.DEFAULT_CONFIG, ["algo.train_batch_per_learner=256", "algo.vf_clip=null", "algo.kl_coeff=0"])
+    assert K.same_settings_gaps(equal) == []
+    assert K.rllib_same_settings(equal).use_kl_loss is False  # stock RLlib gets the same setting
 
 
 def test_rayrl_zoo_settings_is_sb3_zoos_cartpole_algorithm():
@@ -47,6 +53,7 @@ def test_rayrl_zoo_settings_is_sb3_zoos_cartpole_algorithm():
     assert config.lr[0] == [0, 1e-3] and config.lr[-1] == [K.ZOO_TIMESTEPS, 0.0]  # annealed over Zoo's horizon
     assert config.learner_config_dict["grad_clip"] == zoo.max_grad_norm and config.vf_loss_coeff == zoo.vf_coef
     assert config.learner_config_dict["adam_eps"] == 1e-5 and config.seed == 3
+    assert config.use_kl_loss is False  # SB3 has no KL penalty; RLlib's PPO would add one
     assert _rayrl_params(config, "CartPole-v1") == sum(p.numel() for p in zoo.policy.parameters())
 
 

@@ -136,3 +136,54 @@ def test_rayrls_ppo_loss_is_rllibs_loss_gradients_and_figures(env_id, kl_loss, e
 def test_a_masked_batch_takes_rllibs_loss():
     learner = _learner("CartPole-v1", True, 0.0)
     assert learner._rayrl_lean_terms(MID, {Columns.LOSS_MASK: torch.ones(4, dtype=torch.bool)}) is None
+
+
+@pytest.mark.parametrize(
+    ("env_id", "kl_loss", "entropy", "built"),
+    [
+        ("CartPole-v1", False, 0.0, {"kl": False, "entropy": False}),
+        ("CartPole-v1", True, 0.0, {"kl": True, "entropy": False}),
+        ("Pendulum-v1", False, 0.01, {"kl": False, "entropy": True}),
+    ],
+    ids=["categorical-bare", "categorical-kl", "gaussian-entropy"],
+)
+def test_a_quiet_minibatch_builds_only_the_terms_its_loss_uses_and_keeps_rllibs_gradients(
+    env_id, kl_loss, entropy, built
+):
+    from rayrl.rllib.lean_update import _MUTED
+
+    learner = _learner(env_id, kl_loss, entropy)
+    closed_form = learner._rayrl_lean_terms(MID, {})
+    seen: list[dict] = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return closed_form(*args, **kwargs)
+
+    learner._rayrl_terms[MID] = spy
+    batch = _batch(learner, 64, continuous=env_id == "Pendulum-v1")
+    module = learner.module[MID].unwrapped()
+
+    def loss_and_grads(loss_fn):
+        module.zero_grad(set_to_none=True)
+        loss = loss_fn(
+            module_id=MID,
+            config=learner.config.get_config_for_module(MID),
+            batch=batch,
+            fwd_out=module.forward_train(batch),
+        )
+        loss.backward()
+        return float(loss), [p.grad.clone() for p in module.parameters() if p.grad is not None]
+
+    metrics, learner.metrics = learner.metrics, _MUTED  # what the lean loop does for all but the last
+    try:
+        mine = loss_and_grads(learner.compute_loss_for_module)
+    finally:
+        learner.metrics = metrics
+    ref = loss_and_grads(lambda **kw: PPOTorchLearner.compute_loss_for_module(learner, **kw))
+    assert seen == [built]
+    assert mine[0] == pytest.approx(ref[0], rel=1e-5, abs=1e-6)
+    for a, b in zip(mine[1], ref[1], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    loss_and_grads(learner.compute_loss_for_module)  # a minibatch whose figures are kept: every term
+    assert seen[-1] == {"kl": True, "entropy": True}

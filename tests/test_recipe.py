@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from rayrl.errors import SpecError
 from rayrl.rllib.returns import ReturnNormalizer
 from rayrl.spec import schedule
 from rayrl.spec.load import from_dict
@@ -174,3 +175,20 @@ def test_in_process_evaluation_normalises_with_the_training_statistics(ray_local
         # the evaluation filter holds the training steps (and, after them, its own evaluation steps)
         assert seen(algo.eval_env_runner) >= seen(algo.env_runner) > 0
     algo.stop()
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, (True, 0.2)), (0.0, (False, None)), (0.5, (True, 0.5))])
+def test_kl_coeff_sets_rllibs_kl_penalty_and_zero_turns_it_off(value, expected):
+    from rayrl.rllib.algo import build_config
+
+    data = {**RECIPE, "algo": {**RECIPE["algo"], "kl_coeff": value}}
+    config = build_config(from_dict(data))
+    assert config.use_kl_loss is expected[0]
+    if expected[1] is not None:
+        assert config.kl_coeff == expected[1]
+
+
+def test_kl_coeff_is_refused_for_appo_naming_the_field():
+    data = {**RECIPE, "algo": {"name": "APPO", "kl_coeff": 0.0}}
+    with pytest.raises(SpecError, match=r"algo.kl_coeff: set with algo.name APPO"):
+        from_dict(data)

@@ -6,6 +6,8 @@ and a result dict (see :mod:`rayrl.observe.keys`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from rayrl.envs import registry
@@ -95,6 +97,8 @@ def build_config(spec: Spec) -> AlgorithmConfig:
         config = config.training(
             lambda_=a.gae_lambda, vf_clip_param=a.vf_clip if a.vf_clip is not None else float("inf")
         )
+        if a.kl_coeff is not None:
+            config.training(**kl_settings(a.kl_coeff))
         config.env_runners(rollout_fragment_length="auto")
         config.reporting(min_sample_timesteps_per_iteration=a.report_env_steps or None)
         if a.sample_ahead:
@@ -106,6 +110,14 @@ def build_config(spec: Spec) -> AlgorithmConfig:
         # IMPALA/APPO need minibatches made of whole rollout fragments.
         config.env_runners(rollout_fragment_length=fragment_length(a.minibatch_size))
     return config
+
+
+def kl_settings(kl_coeff: float) -> dict[str, Any]:
+    """RLlib's PPO training settings for ``algo.kl_coeff``: 0 is no KL term at all, not a zero weight
+    on one (RLlib would still compute the KL and adapt the coefficient)."""
+    if kl_coeff == 0:
+        return {"use_kl_loss": False}
+    return {"use_kl_loss": True, "kl_coeff": kl_coeff}
 
 
 def fragment_length(minibatch_size: int, longest: int = 50) -> int:

@@ -23,30 +23,45 @@ _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 Terms = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def categorical_terms(logits: torch.Tensor, prev_logits: torch.Tensor, actions: torch.Tensor) -> Terms:
-    """What ``torch.distributions.Categorical`` gives for these logits, without building one."""
+def categorical_terms(
+    logits: torch.Tensor, prev_logits: torch.Tensor, actions: torch.Tensor, *, kl: bool = True, entropy: bool = True
+) -> Terms:
+    """What ``torch.distributions.Categorical`` gives for these logits, without building one.
+
+    ``kl`` / ``entropy`` False: that term is a zero the loss does not use (a quiet minibatch with
+    no KL penalty or a zero entropy coefficient), and its graph is not built.
+    """
     logp_all = torch.log_softmax(logits, dim=-1)
-    prev_logp_all = torch.log_softmax(prev_logits, dim=-1)
     logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-    prev_p = prev_logp_all.exp()
-    # torch's KL sets the terms of impossible actions (p = 0) to 0; so does the where.
-    kl = torch.where(prev_p > 0, prev_p * (prev_logp_all - logp_all), 0.0).sum(-1)
-    logp_finite = logp_all.clamp(min=torch.finfo(logp_all.dtype).min)  # Categorical.entropy's clamp
-    entropy = -(logp_finite * logp_all.exp()).sum(-1)
-    return logp, kl, entropy
+    kl_value = ent = logits.new_zeros(())
+    if kl:
+        prev_logp_all = torch.log_softmax(prev_logits, dim=-1)
+        prev_p = prev_logp_all.exp()
+        # torch's KL sets the terms of impossible actions (p = 0) to 0; so does the where.
+        kl_value = torch.where(prev_p > 0, prev_p * (prev_logp_all - logp_all), 0.0).sum(-1)
+    if entropy:
+        logp_finite = logp_all.clamp(min=torch.finfo(logp_all.dtype).min)  # Categorical.entropy's clamp
+        ent = -(logp_finite * logp_all.exp()).sum(-1)
+    return logp, kl_value, ent
 
 
-def diag_gaussian_terms(logits: torch.Tensor, prev_logits: torch.Tensor, actions: torch.Tensor) -> Terms:
-    """What RLlib's ``TorchDiagGaussian`` (loc and log std halves of the logits) gives, summed over dims."""
+def diag_gaussian_terms(
+    logits: torch.Tensor, prev_logits: torch.Tensor, actions: torch.Tensor, *, kl: bool = True, entropy: bool = True
+) -> Terms:
+    """What RLlib's ``TorchDiagGaussian`` (loc and log std halves of the logits) gives, summed over dims
+    (``kl`` / ``entropy`` as in ``categorical_terms``)."""
     loc, log_std = logits.chunk(2, dim=-1)
-    prev_loc, prev_log_std = prev_logits.chunk(2, dim=-1)
     scale = log_std.exp()
     logp = (-((actions - loc) ** 2) / (2.0 * scale**2) - log_std - _HALF_LOG_2PI).sum(-1)
-    var_ratio = (prev_log_std.exp() / scale) ** 2
-    mean_term = ((prev_loc - loc) / scale) ** 2
-    kl = (0.5 * (var_ratio + mean_term - 1.0 - var_ratio.log())).sum(-1)
-    entropy = (0.5 + _HALF_LOG_2PI + log_std).sum(-1)
-    return logp, kl, entropy
+    kl_value = ent = logits.new_zeros(())
+    if kl:
+        prev_loc, prev_log_std = prev_logits.chunk(2, dim=-1)
+        var_ratio = (prev_log_std.exp() / scale) ** 2
+        mean_term = ((prev_loc - loc) / scale) ** 2
+        kl_value = (0.5 * (var_ratio + mean_term - 1.0 - var_ratio.log())).sum(-1)
+    if entropy:
+        ent = (0.5 + _HALF_LOG_2PI + log_std).sum(-1)
+    return logp, kl_value, ent
 
 
 def terms_for(train_cls: type, exploration_cls: type) -> Callable[..., Terms] | None:

@@ -565,8 +565,17 @@ class RayrlPPOLearner(LeanUpdateMixin, RayrlTorchLearnerMixin, PPOTorchLearner):
         """RLlib's PPO loss and its logged figures, from lean_loss's terms."""
         module = self.module[module_id].unwrapped()
         values = module.compute_values(batch, embeddings=fwd_out.get(Columns.EMBEDDINGS)) if config.use_critic else None
+        quiet = muted(self.metrics)
+        entropy_coeff = self.entropy_coeff_schedulers_per_module[module_id].get_current_value()
         total, pieces = lean_loss.ppo_loss(
-            terms(fwd_out[Columns.ACTION_DIST_INPUTS], batch[Columns.ACTION_DIST_INPUTS], batch[Columns.ACTIONS]),
+            terms(
+                fwd_out[Columns.ACTION_DIST_INPUTS],
+                batch[Columns.ACTION_DIST_INPUTS],
+                batch[Columns.ACTIONS],
+                # a quiet minibatch builds only the terms its loss uses (a fixed 0.0 is no schedule)
+                kl=config.use_kl_loss or not quiet,
+                entropy=not (quiet and isinstance(entropy_coeff, (int, float)) and entropy_coeff == 0),
+            ),
             old_logp=batch[Columns.ACTION_LOGP],
             advantages=batch[Postprocessing.ADVANTAGES],
             values=values,
@@ -574,10 +583,10 @@ class RayrlPPOLearner(LeanUpdateMixin, RayrlTorchLearnerMixin, PPOTorchLearner):
             clip_param=config.clip_param,
             vf_clip_param=config.vf_clip_param,
             vf_loss_coeff=config.vf_loss_coeff,
-            entropy_coeff=self.entropy_coeff_schedulers_per_module[module_id].get_current_value(),
+            entropy_coeff=entropy_coeff,
             kl_coeff=self.curr_kl_coeffs_per_module[module_id] if config.use_kl_loss else None,
         )
-        if not muted(self.metrics):  # a quiet minibatch's figures are never kept: not computed
+        if not quiet:  # a quiet minibatch's figures are never kept: not computed
             targets = batch[Postprocessing.VALUE_TARGETS]
             self.metrics.log_dict(
                 {

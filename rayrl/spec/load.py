@@ -211,6 +211,7 @@ def check_recipe(spec: Spec) -> None:
     ppo_only = {
         "algo.normalize_reward": a.normalize_reward,
         "algo.clip_final": a.clip_final is not None,
+        "algo.kl_coeff": a.kl_coeff is not None,
         "model.log_std_init": m.log_std_init is not None,
         "model.init": m.init != "default",
     }

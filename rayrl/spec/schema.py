@@ -86,6 +86,12 @@ class AlgoSpec:
         "PPO and APPO: the policy ratio's clip range (RLlib's clip_param); null: RLlib's (PPO 0.3, APPO 0.4)",
         gt=0.0,
     )
+    kl_coeff: float | None = doc(
+        None,
+        "PPO: the KL penalty's starting coefficient (RLlib adapts it toward a KL of 0.01 every update); "
+        "0 turns the penalty off, as SB3 and CleanRL have none; null: RLlib's (on, 0.2)",
+        ge=0.0,
+    )
     vf_clip: float | None = doc(
         10.0, "PPO: clip each step's value loss at this (RLlib's vf_clip_param); null: no clipping", gt=0.0
     )
