@@ -383,15 +383,20 @@ class Bucket:
         text = self.get(states[-1]).decode(errors="replace")
         return state_names_a_checkpoint(text)
 
+    def look(self) -> None:
+        """Note the manifests listed now (the watcher's look; ``outcome`` takes one more, so a manifest
+        that landed in the watcher's last second is not judged never to have landed)."""
+        try:
+            found = self.manifests()
+        except Exception:  # noqa: BLE001 - the server refuses or is slow: look again later
+            return
+        now = time.time()
+        for index, etag in found.items():
+            self.seen.setdefault(index, {}).setdefault(etag, now)
+
     def _watch(self) -> None:
         while not self._stop.wait(1.0):
-            try:
-                found = self.manifests()
-            except Exception:  # noqa: BLE001 - the server refuses or is slow: look again later
-                continue
-            now = time.time()
-            for index, etag in found.items():
-                self.seen.setdefault(index, {}).setdefault(etag, now)
+            self.look()
 
     def stop(self) -> None:
         self._stop.set()
@@ -734,6 +739,7 @@ def outcome(
     again = training_again(rows, t_end)
     gap = usual_gap(rows, t_fault)
     late = rows_lost_late(rows, end["history_gaps"], t_fault, HISTORY_BEHIND_S + 2 * (gap if gap == gap else 0))
+    bucket.look()
     landed = {i: bucket.landed(i, tags) for i, tags in sorted(queued.items())}
     lost = [*end["missing"], *end["incomplete_checkpoints"]]
     if end["history_gaps"]:

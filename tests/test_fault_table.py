@@ -213,3 +213,30 @@ def test_s3_down_for_3_s_end_to_end_and_a_second_run_keeps_the_row(tmp_path, cap
     assert F.main(argv) == 0
     assert "kept from" in capsys.readouterr().out
     assert json.loads(out.read_text())["rows"] == [row]
+
+
+def test_a_manifest_listed_after_the_watchers_last_look_is_still_seen_landing():
+    """outcome() looks once more before judging: a manifest that landed in the watcher's last second
+    must not be reported as never in the bucket."""
+
+    class Client:
+        keys: list[str] = []
+
+        def get_paginator(self, name):
+            client = self
+
+            class Pages:
+                def paginate(self, **kwargs):
+                    return [
+                        {"Contents": [{"Key": kwargs["Prefix"] + k, "Size": 1, "ETag": '"e1"'} for k in client.keys]}
+                    ]
+
+            return Pages()
+
+    client = Client()
+    bucket = F.Bucket(client, "run/train")
+    bucket.stop()  # the watcher has taken its last look
+    client.keys = ["tune/PPO_1-abc/checkpoint_000004/rayrl_manifest.json"]
+    assert bucket.landed(4, {"e1"}) is None
+    bucket.look()
+    assert bucket.landed(4, {"e1"}) is not None and bucket.landed(4, {"other"}) is None
