@@ -267,6 +267,3 @@ def small_disk(path: Path, size: str) -> Iterator[bool]:
     finally:
         if mounted:
             subprocess.run(["umount", "-l", str(path)], capture_output=True)
-
-
-from rayrl.faults.driver_drill import state_names_a_checkpoint, tune_state_names_a_checkpoint  # noqa: E402,F401

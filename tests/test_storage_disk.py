@@ -11,8 +11,9 @@ import time
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, small_disk, subprocess_env, tune_state_names_a_checkpoint
+from conftest import ROOT, small_disk, subprocess_env
 
+from rayrl.faults.driver_drill import tune_state_names_a_checkpoint
 from rayrl.observe import keys
 
 pytestmark = pytest.mark.slow

@@ -17,9 +17,10 @@ import time
 import pandas as pd
 import pytest
 import yaml
-from conftest import ROOT, kill_session, state_names_a_checkpoint, subprocess_env
+from conftest import ROOT, kill_session, subprocess_env
 
 from rayrl.errors import SpecError
+from rayrl.faults.driver_drill import state_names_a_checkpoint
 from rayrl.observe import keys
 from rayrl.storage import checkpoints as ck
 from rayrl.storage import manifest, tunestate

@@ -13,9 +13,10 @@ import gymnasium as gym
 import pandas as pd
 import pytest
 import torch
-from conftest import ROOT, subprocess_env, tune_state_names_a_checkpoint
+from conftest import ROOT, subprocess_env
 
 from rayrl import spec as S
+from rayrl.faults.driver_drill import tune_state_names_a_checkpoint
 from rayrl.observe import keys
 from rayrl.rllib import algo
 
