@@ -260,8 +260,7 @@ def rllib_same_settings(spec: Any, seed: int | None = None) -> Any:
         # one report per 2,048 steps with one per update (different settings)
         .reporting(metrics_num_episodes_for_smoothing=20, min_sample_timesteps_per_iteration=a.report_env_steps or None)
     )
-    if a.kl_coeff is not None:
-        config.training(**kl_settings(a.kl_coeff))
+    config.training(**kl_settings(a.kl_coeff))
     if spec.model.normalize_obs:
         # RLlib's own running mean/std filter, the piece rayrl.rllib.algo.build_config adds for normalize_obs.
         config.env_runners(env_to_module_connector=mean_std_filter)

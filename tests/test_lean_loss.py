@@ -101,15 +101,18 @@ def _batch(learner, n: int, continuous: bool) -> dict:
     }
 
 
-def _loss_grads_logged(learner, batch, loss_fn):
+def _loss_and_grads(learner, batch, loss_fn):
     module = learner.module[MID].unwrapped()
     module.zero_grad(set_to_none=True)
     fwd = module.forward_train(batch)
     loss = loss_fn(module_id=MID, config=learner.config.get_config_for_module(MID), batch=batch, fwd_out=fwd)
     loss.backward()
-    grads = [p.grad.clone() for p in module.parameters() if p.grad is not None]
-    logged = {k: float(learner.metrics.peek((MID, k))) for k in LOGGED}
-    return float(loss), grads, logged
+    return float(loss), [p.grad.clone() for p in module.parameters() if p.grad is not None]
+
+
+def _loss_grads_logged(learner, batch, loss_fn):
+    loss, grads = _loss_and_grads(learner, batch, loss_fn)
+    return loss, grads, {k: float(learner.metrics.peek((MID, k))) for k in LOGGED}
 
 
 @pytest.mark.parametrize(
@@ -162,28 +165,15 @@ def test_a_quiet_minibatch_builds_only_the_terms_its_loss_uses_and_keeps_rllibs_
 
     learner._rayrl_terms[MID] = spy
     batch = _batch(learner, 64, continuous=env_id == "Pendulum-v1")
-    module = learner.module[MID].unwrapped()
-
-    def loss_and_grads(loss_fn):
-        module.zero_grad(set_to_none=True)
-        loss = loss_fn(
-            module_id=MID,
-            config=learner.config.get_config_for_module(MID),
-            batch=batch,
-            fwd_out=module.forward_train(batch),
-        )
-        loss.backward()
-        return float(loss), [p.grad.clone() for p in module.parameters() if p.grad is not None]
-
     metrics, learner.metrics = learner.metrics, _MUTED  # what the lean loop does for all but the last
     try:
-        mine = loss_and_grads(learner.compute_loss_for_module)
+        mine = _loss_and_grads(learner, batch, learner.compute_loss_for_module)
     finally:
         learner.metrics = metrics
-    ref = loss_and_grads(lambda **kw: PPOTorchLearner.compute_loss_for_module(learner, **kw))
+    ref = _loss_and_grads(learner, batch, lambda **kw: PPOTorchLearner.compute_loss_for_module(learner, **kw))
     assert seen == [built]
     assert mine[0] == pytest.approx(ref[0], rel=1e-5, abs=1e-6)
     for a, b in zip(mine[1], ref[1], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-    loss_and_grads(learner.compute_loss_for_module)  # a minibatch whose figures are kept: every term
+    _loss_and_grads(learner, batch, learner.compute_loss_for_module)  # figures kept: every term built
     assert seen[-1] == {"kl": True, "entropy": True}

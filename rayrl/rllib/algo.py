@@ -97,8 +97,7 @@ def build_config(spec: Spec) -> AlgorithmConfig:
         config = config.training(
             lambda_=a.gae_lambda, vf_clip_param=a.vf_clip if a.vf_clip is not None else float("inf")
         )
-        if a.kl_coeff is not None:
-            config.training(**kl_settings(a.kl_coeff))
+        config.training(**kl_settings(a.kl_coeff))
         config.env_runners(rollout_fragment_length="auto")
         config.reporting(min_sample_timesteps_per_iteration=a.report_env_steps or None)
         if a.sample_ahead:
@@ -112,9 +111,11 @@ def build_config(spec: Spec) -> AlgorithmConfig:
     return config
 
 
-def kl_settings(kl_coeff: float) -> dict[str, Any]:
-    """RLlib's PPO training settings for ``algo.kl_coeff``: 0 is no KL term at all, not a zero weight
-    on one (RLlib would still compute the KL and adapt the coefficient)."""
+def kl_settings(kl_coeff: float | None) -> dict[str, Any]:
+    """RLlib's PPO training settings for ``algo.kl_coeff``: none for null (RLlib's own), and 0 is no
+    KL term at all, not a zero weight on one (RLlib would still compute the KL and adapt it)."""
+    if kl_coeff is None:
+        return {}
     if kl_coeff == 0:
         return {"use_kl_loss": False}
     return {"use_kl_loss": True, "kl_coeff": kl_coeff}
