@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -85,11 +86,33 @@ def kill_session(session: int, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    with contextlib.suppress(OSError, ValueError):
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    return 32768
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on now (tests start several Ray heads on one machine)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nobody listens on now, below the kernel's ephemeral range and above Ray's worker ports.
+
+    Not from bind(0): that hands out an ephemeral port, and between our release and Ray's bind any
+    outgoing connection (Ray's own gRPC clients open dozens while a head starts) may take it as its
+    local port. A head agent that then cannot bind dies, and `ray start --block` takes the whole head
+    down with it (a CI run lost test_security that way). Ray's workers use 10002-19999 by default.
+    """
+    low, high = 20000, _ephemeral_low() - 1
+    for _ in range(1000):
+        port = random.randint(low, high)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            _HANDED_OUT.add(port)  # never twice to one test session: the first taker may not have bound yet
+            return port
+    raise RuntimeError(f"no free TCP port in {low}-{high}")
 
 
 def head_port_flags() -> list[str]:
@@ -100,10 +123,25 @@ def head_port_flags() -> list[str]:
     """
     return [
         f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--node-manager-port={free_port()}",
+        f"--object-manager-port={free_port()}",
         f"--ray-client-server-port={free_port()}",
         f"--runtime-env-agent-port={free_port()}",
         f"--metrics-export-port={free_port()}",
     ]
+
+
+def head_log_tails(temp_dir: Path, lines: int = 15) -> str:
+    """The last lines of a head's own logs, for a failure message: why a head went away mid-test."""
+    logs = temp_dir / "session_latest" / "logs"
+    names = ("raylet.out", "raylet.err", "gcs_server.out", "dashboard.log", "dashboard_agent.log")
+    parts = []
+    for name in names:
+        path = logs / name
+        if path.exists():
+            parts.append(f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
+    return "\n".join(parts) or f"(no logs under {logs})"
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import RAY, ROOT, ray_head, submit_job, subprocess_env
+from conftest import RAY, ROOT, head_log_tails, ray_head, submit_job, subprocess_env
 
 
 def tracked_files() -> list[Path]:
@@ -233,7 +233,10 @@ def test_a_head_refuses_jobs_and_drivers_without_the_token(tmp_path, token_file)
         refused = subprocess.run(submit, env=wrong, capture_output=True, text=True, timeout=120)
         assert refused.returncode != 0 and "Invalid authentication token" in refused.stdout + refused.stderr
         accepted = submit_job(submit, with_token, timeout=300)
-        assert accepted.returncode == 0 and "rayrl-auth-ok" in accepted.stdout, accepted.stdout + accepted.stderr
+        assert accepted.returncode == 0 and "rayrl-auth-ok" in accepted.stdout, (
+            f"{accepted.stdout}{accepted.stderr}\nhead process: exit {head.process.poll()}\n"
+            + head_log_tails(head.temp_dir)
+        )
 
         assert_refused(_connect(head.gcs, without))
         assert_refused(_connect(head.gcs, wrong))
