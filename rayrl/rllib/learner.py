@@ -236,6 +236,7 @@ class RayrlTorchLearnerMixin(_LearnerBase):
         self._rayrl_ddp = self.config.num_learners > 1 and dist.is_available() and dist.is_initialized()
         self._rayrl_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self._rayrl_clip_config: dict[str, Any] = {}
+        self._rayrl_clip_copies: dict[str, tuple[Any, Any]] = {}  #: module -> (its config, our copy)
         if self.rayrl.reward_norm is not None and self._learner_connector is not None:
             from rayrl.rllib.connectors import NormalizeRewards
 
@@ -531,11 +532,15 @@ class RayrlPPOLearner(LeanUpdateMixin, RayrlTorchLearnerMixin, PPOTorchLearner):
         from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
         clip = schedule.value_at(points, timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0))
-        self._rayrl_clip_config = {}
         for mid in self.module.keys():
-            cfg = self.config.get_config_for_module(mid).copy(copy_frozen=False)
-            cfg.clip_param = clip
-            self._rayrl_clip_config[mid] = cfg
+            # One unfrozen copy per module's config, made once: copying an AlgorithmConfig is a
+            # deepcopy of about a millisecond, most of an update's fixed cost at batch 256.
+            base = self.config.get_config_for_module(mid)
+            made = self._rayrl_clip_copies.get(mid)
+            if made is None or made[0] is not base:
+                made = self._rayrl_clip_copies[mid] = (base, base.copy(copy_frozen=False))
+            made[1].clip_param = clip
+            self._rayrl_clip_config[mid] = made[1]
             self.metrics.log_value((mid, CLIP_PARAM), clip, window=1)
 
     def compute_loss_for_module(self, *, module_id: str, config: Any, batch: dict, fwd_out: dict) -> Any:
