@@ -100,8 +100,9 @@ def free_port() -> int:
 
     Not from bind(0): that hands out an ephemeral port, and between our release and Ray's bind any
     outgoing connection (Ray's own gRPC clients open dozens while a head starts) may take it as its
-    local port. A head agent that then cannot bind dies, and `ray start --block` takes the whole head
-    down with it (a CI run lost test_security that way). Ray's workers use 10002-19999 by default.
+    local port. Held by another socket, the metrics export or the dashboard agent's gRPC port ends the
+    whole head about 38 s after its dashboard came up (measured): how a CI run most likely lost
+    test_security's head mid-test. Ray's workers use 10002-19999 by default.
     """
     low, high = 20000, _ephemeral_low() - 1
     for _ in range(1000):
