@@ -6,8 +6,9 @@ much the machinery around it (RLlib's ``Learner._update``, rayrl's hooks, the no
 Both sides run in one process on one batch captured from a real training iteration, with the same
 loss (``rayrl.rllib.lean_loss``: the closed form rayrl's learner takes, checked against RLlib's own in
 tests), the same minibatches (sliced by ``index_select`` from the batch, shuffled per epoch), the same
-gradient clip and the same optimizer class and settings. The bare step is forward, loss, backward,
-clip, optimizer step: the floor any learner built on torch pays. Rounds alternate which side runs
+gradient clip (rayrl's ``algo.grad_clip``, global norm) and the same optimizer class and settings.
+The bare step is forward, loss, backward, clip, optimizer step: the floor any learner built on
+torch pays. Rounds alternate which side runs
 first.
 
     python -m benchmarks.sgd_step                        # RL Zoo's CartPole settings, 10 rounds
@@ -23,8 +24,6 @@ import copy
 import time
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from benchmarks import common as C
 
@@ -94,8 +93,6 @@ class Bare:
     """Forward, loss, backward, clip, step on a copy of one module, as a hand-written torch loop would."""
 
     def __init__(self, learner: Any, module_id: str) -> None:
-        import torch
-
         from rayrl.rllib import lean_loss
 
         self.module = copy.deepcopy(learner.module[module_id].unwrapped()).train()
@@ -112,7 +109,8 @@ class Bare:
             raise SystemExit("sgd_step: the bare step knows RLlib's categorical and diagonal Gaussian heads only")
         self.kl_coeff = float(learner.curr_kl_coeffs_per_module[module_id]) if self.config.use_kl_loss else None
         self.entropy_coeff = float(learner.entropy_coeff_schedulers_per_module[module_id].get_current_value())
-        self.clip = torch.nn.utils.clip_grad_norm_
+        # rayrl's clip (algo.grad_clip, global norm; RLlib's own grad_clip is off under rayrl's learner)
+        self.grad_clip = float(learner.rayrl.grad_clip)
 
     def loss(self, mb: dict) -> Any:
         """RLlib's PPO loss of one minibatch (the closed form rayrl's learner takes)."""
@@ -149,15 +147,8 @@ class Bare:
         loss = self.loss(mb)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        clip = self.config.grad_clip
-        if clip:
-            if self.config.grad_clip_by == "value":
-                torch.nn.utils.clip_grad_value_(self.params, clip)
-            elif self.config.grad_clip_by == "norm":
-                for p in self.params:
-                    torch.nn.utils.clip_grad_norm_([p], clip)
-            else:
-                self.clip(self.params, clip)
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         self.optimizer.step()
 
     def update(self, columns: dict, plan: list[Any]) -> None:
@@ -236,13 +227,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "entropy_term": bare.entropy_coeff != 0,
         "optimizer": type(bare.optimizer).__name__,
         "fused": bool(bare.optimizer.param_groups[0].get("fused")),
+        "grad_clip": bare.grad_clip,
         "rounds": rounds,
         "rayrl_ms_median": C.median(rayrl_ms),
         "bare_ms_median": C.median(bare_ms),
         "rayrl_ms_range": [min(rayrl_ms), max(rayrl_ms)],
         "bare_ms_range": [min(bare_ms), max(bare_ms)],
         "ratio_median": C.median([r["ratio"] for r in rounds]),
-        "ratio_range": [float(np.min([r["ratio"] for r in rounds])), float(np.max([r["ratio"] for r in rounds]))],
+        "ratio_range": [min(r["ratio"] for r in rounds), max(r["ratio"] for r in rounds)],
     }
 
 

@@ -137,7 +137,7 @@ def test_recipe_on_a_real_algorithm(ray_local, tmp_path, runner):
     assert last["default_optimizer_learning_rate"] == 0.0
     assert last["curr_entropy_coeff"] == 0.0
     assert last["rayrl_clip_param"] == pytest.approx(0.05)
-    assert learner._rayrl_clip_config["default_policy"].clip_param == pytest.approx(0.05)  # what the loss reads
+    assert learner._rayrl_clip_config["default_policy"][1].clip_param == pytest.approx(0.05)  # what the loss reads
     assert learner.config.clip_param == pytest.approx(0.2)  # the algorithm's own config untouched
     opt = learner.get_optimizers_for_module("default_policy")[0][1]
     assert opt.param_groups[0]["eps"] == 1e-5

@@ -53,6 +53,22 @@ def test_the_bare_step_takes_the_learners_optimizer_settings_and_leaves_its_modu
     assert any(not torch.equal(a, b) for a, b in zip(before, bare.module.parameters(), strict=True))
 
 
+def test_one_bare_step_moves_the_weights_as_the_learners_own_step_clip_included():
+    learner = _learner("CartPole-v1", False, 0.0)
+    bare = sgd_step.Bare(learner, MID)
+    batch = _batch(learner, 64, continuous=False)
+    batch["advantages"] = batch["advantages"] * 100  # large advantages: a gradient norm the clip cuts
+    _, grads = _loss_and_grads(learner, batch, learner.compute_loss_for_module)
+    norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    assert norm > 2 * bare.grad_clip == 2 * learner.rayrl.grad_clip  # the clip acts on this batch
+    learner.module[MID].unwrapped().train()
+    learner._rayrl_in_train_mode = True
+    learner._rayrl_minibatch({MID: batch}, quiet=True)  # the learner's step: loss, guard, clip, Adam
+    bare.step({k: batch[k] for k in sgd_step._USED})
+    for a, b in zip(learner.module[MID].parameters(), bare.module.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_bad_rounds_exit_2_naming_the_flag():
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.sgd_step", "--rounds", "0"],

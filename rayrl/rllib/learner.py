@@ -235,8 +235,8 @@ class RayrlTorchLearnerMixin(_LearnerBase):
             )
         self._rayrl_ddp = self.config.num_learners > 1 and dist.is_available() and dist.is_initialized()
         self._rayrl_rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        self._rayrl_clip_config: dict[str, Any] = {}
-        self._rayrl_clip_copies: dict[str, tuple[Any, Any]] = {}  #: module -> (its config, our copy)
+        #: module -> (its config, our unfrozen copy carrying the scheduled clip_param)
+        self._rayrl_clip_config: dict[str, tuple[Any, Any]] = {}
         if self.rayrl.reward_norm is not None and self._learner_connector is not None:
             from rayrl.rllib.connectors import NormalizeRewards
 
@@ -533,18 +533,18 @@ class RayrlPPOLearner(LeanUpdateMixin, RayrlTorchLearnerMixin, PPOTorchLearner):
 
         clip = schedule.value_at(points, timesteps.get(NUM_ENV_STEPS_SAMPLED_LIFETIME, 0))
         for mid in self.module.keys():
-            # One unfrozen copy per module's config, made once: copying an AlgorithmConfig is a
-            # deepcopy of about a millisecond, most of an update's fixed cost at batch 256.
+            # One copy per module's config, made once: copying an AlgorithmConfig is a deepcopy of
+            # about a millisecond, paid on every update before.
             base = self.config.get_config_for_module(mid)
-            made = self._rayrl_clip_copies.get(mid)
+            made = self._rayrl_clip_config.get(mid)
             if made is None or made[0] is not base:
-                made = self._rayrl_clip_copies[mid] = (base, base.copy(copy_frozen=False))
+                made = self._rayrl_clip_config[mid] = (base, base.copy(copy_frozen=False))
             made[1].clip_param = clip
-            self._rayrl_clip_config[mid] = made[1]
             self.metrics.log_value((mid, CLIP_PARAM), clip, window=1)
 
     def compute_loss_for_module(self, *, module_id: str, config: Any, batch: dict, fwd_out: dict) -> Any:
-        config = self._rayrl_clip_config.get(module_id, config)
+        if module_id in self._rayrl_clip_config:
+            config = self._rayrl_clip_config[module_id][1]
         terms = self._rayrl_lean_terms(module_id, batch)
         if terms is None:
             return super().compute_loss_for_module(module_id=module_id, config=config, batch=batch, fwd_out=fwd_out)
