@@ -73,8 +73,10 @@ def rayrl_run(args: list[str], storage: Path, timeout: float = 420) -> subproces
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """`rayrl train --population 2`, 4096 env steps per member (batch 512), PBT every 1024 env steps;
-    TensorBoard, MLflow and W&B (offline) on. One short real run serves every test below."""
+    """`rayrl train --population 2`, 4096 env steps per member (batch 512), synchronous PBT every
+    1024 env steps; TensorBoard, MLflow and W&B (offline) on. One short real run serves every test
+    below. (Asynchronous PBT ranks a member against the other's older score; with rising returns the
+    arriving member tends to rank top, and a CI run once ended with no exploit at all.)"""
     storage = tmp_path_factory.mktemp("eco")
     rayrl_run(
         [
@@ -91,6 +93,8 @@ def trained(tmp_path_factory) -> Path:
             "population.perturbation_env_steps=1024",
             "--set",
             "population.entropy_max=0.01",
+            "--set",
+            "population.synchronous=true",  # every interval ranks both members: an exploit at each
             "--set",
             "tracking.wandb.enabled=true",
             "--set",
@@ -175,7 +179,8 @@ def test_mlflow_holds_one_run_per_trial_with_spec_params_and_rayrl_metrics(train
 def test_population_records_exploit_and_explore(trained):
     with (trained / "population.csv").open() as f:
         steps = list(csv.DictReader(f))
-    assert len(steps) >= 1
+    # synchronous PBT: one exploit (the bottom of two) at each interval the run crosses before 4096
+    assert [int(float(step["env_steps"])) // 1024 for step in steps] == [1, 2, 3]
     for step in steps:
         assert {step["trial_id"], step["cloned_from"]} == set(trial_ids(trained))  # bottom copied top
         assert 1e-5 <= float(step["lr_new"]) <= 1e-3 and 0.0 <= float(step["entropy_coeff_new"]) <= 0.01

@@ -468,6 +468,12 @@ class PopulationSpec:
     entropy_min: float = doc(0.0, "PBT: entropy_coeff range, lower end (lr: search.lr_min..search.lr_max)", ge=0.0)
     entropy_max: float = doc(0.02, "PBT: entropy_coeff range, upper end", ge=0.0)
     quantile_fraction: float = doc(0.25, "PBT: fraction of trials that exploit / are exploited", gt=0.0, le=0.5)
+    synchronous: bool = doc(
+        False,
+        "PBT: rank all members together once each has reached the interval (Tune's synch), so every "
+        "interval exploits; it pauses (and restarts) every member at every interval. Off: a member is "
+        "ranked when it arrives, against the others' last ranked scores, which may be an interval older",
+    )
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ def tune_config(spec: Spec, run_dir: Path) -> Any:
         metric=keys.EPISODE_RETURN,
         mode="max",
         custom_explore_fn=Clamp(bounds(spec)),
+        synch=p.synchronous,
     )
     return tune.TuneConfig(scheduler=scheduler, num_samples=p.size, reuse_actors=False)
 
@@ -98,12 +99,13 @@ class RecordingPBT(PopulationBasedTraining):
         self, trial_state: Any, new_state: Any, trial: Any, trial_to_clone: Any, new_config: dict
     ) -> None:
         super()._log_config_on_step(trial_state, new_state, trial, trial_to_clone, new_config)
-        last = trial.last_result or {}
+        # The states hold the results PBT ranked; trial.last_result is still the report before.
+        last = trial_state.last_result or {}
         row = {
             "trial_id": trial.trial_id,
             "cloned_from": trial_to_clone.trial_id,
             "iteration": last.get(keys.ITERATION),
-            "cloned_iteration": (trial_to_clone.last_result or {}).get(keys.ITERATION),
+            "cloned_iteration": (new_state.last_result or {}).get(keys.ITERATION),
             "env_steps": keys.lookup(last, keys.ENV_STEPS),
             **{
                 f"{name}_{which}": config.get(name)
