@@ -161,11 +161,9 @@ def plan_for(rows: int, kwargs: dict) -> list[Any]:
     """The minibatch index tensors of one update (the learner's own rule, rayrl.rllib.lean_update)."""
     import torch
 
-    from rayrl.rllib.lean_update import minibatch_indices
+    from rayrl.rllib.lean_update import update_plan
 
-    epochs = int(kwargs.get("num_epochs") or 1)
-    shuffle = bool(kwargs.get("shuffle_batch_per_epoch")) and epochs > 1
-    return [torch.from_numpy(i) for i in minibatch_indices(rows, kwargs.get("minibatch_size"), epochs, shuffle)]
+    return [torch.from_numpy(i) for i in update_plan(rows, kwargs)]
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

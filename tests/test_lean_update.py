@@ -15,7 +15,7 @@ import torch
 from ray.rllib.core.columns import Columns
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 
-from rayrl.rllib.lean_update import lean_columns, minibatch_indices
+from rayrl.rllib.lean_update import lean_columns, minibatch_indices, update_plan
 from tests.test_learner_unit import MID, make_batch, make_learner, max_diff, same_start, stat, weights
 
 
@@ -99,6 +99,17 @@ def test_each_epoch_uses_every_row_once_in_near_equal_minibatches(n, size, parts
     sizes = [len(p) for p in plan]
     assert max(sizes) - min(sizes) <= 1
     assert plan[0].tolist() != plan[parts].tolist() or n < 3  # shuffled anew each epoch
+
+
+def test_the_update_plan_reads_rllibs_kwargs_and_shuffles_only_several_epochs():
+    np.random.seed(0)
+    one = list(update_plan(64, {"num_epochs": 1, "minibatch_size": 16, "shuffle_batch_per_epoch": True}))
+    assert [p.tolist() for p in one] == [list(range(i, i + 16)) for i in range(0, 64, 16)]  # RLlib's order
+    several = list(update_plan(64, {"num_epochs": 2, "minibatch_size": 16, "shuffle_batch_per_epoch": True}))
+    assert len(several) == 8 and np.concatenate(several[:4]).tolist() != list(range(64))
+    kept = list(update_plan(64, {"num_epochs": 2, "minibatch_size": 32, "shuffle_batch_per_epoch": False}))
+    assert [p.tolist() for p in kept] == [list(range(32)), list(range(32, 64))] * 2
+    assert len(list(update_plan(64, {}))) == 1  # RLlib's defaults absent: one pass, one minibatch
 
 
 def test_lean_columns_drop_padding_and_refuse_what_they_cannot_slice():

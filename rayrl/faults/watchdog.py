@@ -19,6 +19,14 @@ import time
 from typing import Any
 
 
+def answered_ahead(algorithm: Any) -> set[int] | None:
+    """The runners whose sample arrived this step when ``algorithm`` samples ahead
+    (rayrl.rllib.sample_ahead.PPO), else None: such runners are always busy with the next sample,
+    so a call that waits for them (a ping, a hardware reading) would wait behind it."""
+    answered = getattr(algorithm, "rayrl_answered", None)
+    return None if answered is None else set(answered)
+
+
 def silent_too_long(
     silent_since: dict[int, float], answered: set[int], asked: set[int], now: float, hung_s: float
 ) -> list[int]:
@@ -49,11 +57,9 @@ class Watchdog:
             return self.restarts
         manager = group._worker_manager  # RLlib's FaultTolerantActorManager: ids, handles, health
         actors = {rid: manager._actors[rid] for rid in manager.healthy_actor_ids()}
-        sampled = getattr(algorithm, "rayrl_answered", None)
-        if sampled is not None:
-            # Sampling ahead (rayrl.rllib.sample_ahead): every runner is busy with the next sample, so
-            # a ping would wait behind it; the sample that arrived this step is the runner's answer.
-            answered = set(sampled)
+        sampled = answered_ahead(algorithm)
+        if sampled is not None:  # the sample that arrived this step is the runner's answer
+            answered = sampled
         else:
             refs = {actor.ping.remote(): rid for rid, actor in actors.items()}
             ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=self.ping_s)

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from rayrl.faults.watchdog import answered_ahead
+
 HARDWARE_FIELDS = ("cpu_util", "mem_util", "gpu_util", "gpu_mem_util", "net_util")
 
 
@@ -198,7 +200,7 @@ def _runner_readings(algorithm: Any, runner_group: Any) -> list[dict]:
     """Each remote runner's reading. A runner that samples ahead (rayrl.rllib.sample_ahead) is busy
     with the next sample, so a blocking call would wait for it: its reading is asked for without
     waiting and the latest one that arrived is reported (one iteration old at most)."""
-    if getattr(algorithm, "rayrl_answered", None) is None:
+    if answered_ahead(algorithm) is None:
         return list(runner_group.foreach_env_runner(sample_here, local_env_runner=False, timeout_seconds=TIMEOUT_S))
     ready = runner_group.foreach_env_runner_async_fetch_ready(sample_here, tag=HARDWARE_TAG, timeout_seconds=0.0)
     if ready:

@@ -82,6 +82,16 @@ def minibatch_indices(n: int, size: int | None, epochs: int, shuffle: bool) -> I
         yield from np.array_split(order, parts)
 
 
+def update_plan(n: int, kwargs: dict) -> Iterator[np.ndarray]:
+    """One update's minibatch indices over ``n`` rows, read from RLlib's update kwargs.
+
+    One epoch is never shuffled: its single pass sees every row anyway, and the order is RLlib's.
+    """
+    epochs = int(kwargs.get("num_epochs") or 1)
+    shuffle = bool(kwargs.get("shuffle_batch_per_epoch")) and epochs > 1
+    return minibatch_indices(n, kwargs.get("minibatch_size"), epochs, shuffle)
+
+
 def lean_columns(columns: dict[str, Any]) -> dict[str, torch.Tensor] | None:
     """The columns with PPO's padded rows dropped; None where a column is not a row tensor."""
     from ray.rllib.core.columns import Columns
@@ -152,15 +162,9 @@ class LeanUpdateMixin(_LearnerBase):
 
     def _rayrl_lean_loop(self, columns: dict[str, dict[str, torch.Tensor]], kwargs: dict) -> dict:
         """The minibatches over the real rows; returns the last minibatch's losses."""
-        epochs = int(kwargs.get("num_epochs") or 1)
-        size = kwargs.get("minibatch_size")
-        shuffle = bool(kwargs.get("shuffle_batch_per_epoch")) and epochs > 1
         first = {mid: next(iter(cols.values())) for mid, cols in columns.items()}  # row count and device
         plans = {
-            mid: [
-                torch.from_numpy(i).to(first[mid].device)
-                for i in minibatch_indices(len(first[mid]), size, epochs, shuffle)
-            ]
+            mid: [torch.from_numpy(i).to(first[mid].device) for i in update_plan(len(first[mid]), kwargs)]
             for mid in columns
         }
         count = max(len(p) for p in plans.values())

@@ -15,7 +15,7 @@ What else had to change for the overlap to happen (each found blocking it, docs/
   (``sample_get_state_and_metrics``, as RLlib's IMPALA does) and are merged in the step
   (``_dont_auto_sync_env_runner_states``);
 * rayrl's per-iteration hardware reading and hung-runner ping would wait the same way; both read
-  :attr:`PPO.rayrl_answered` instead (rayrl.observe.hardware, rayrl.faults.watchdog);
+  :attr:`PPO.rayrl_answered` instead (through rayrl.faults.watchdog.answered_ahead);
 * a local CPU learner runs torch on the cores its process was given (one, unless Ray assigned more):
   with two intra-op threads on two cores it waits on the core the runner is sampling on.
 """
