@@ -197,6 +197,44 @@ def test_fast_runner_matches_rllib_on_mujoco_float64_observations_and_box_action
         )
 
 
+@pytest.mark.parametrize("rows,dims", [(1, 3), (8, 6)])
+def test_the_gaussian_draw_is_rllibs_draw_bit_for_bit(rows, dims):
+    from ray.rllib.core.distribution.torch.torch_distribution import TorchDiagGaussian
+
+    from rayrl.sampling.fast_runner import diag_gaussian_draw
+
+    inputs = torch.cat([torch.randn(rows, dims) * 3, torch.linspace(-5, 2, rows * dims).reshape(rows, dims)], -1)
+    torch.manual_seed(7)
+    dist = TorchDiagGaussian.from_logits(inputs)
+    want = dist.sample()
+    want_logp = dist.logp(want)
+    torch.manual_seed(7)
+    got, got_logp = diag_gaussian_draw(inputs)
+    assert torch.equal(got, want) and torch.equal(got_logp, want_logp) and got_logp.shape == (rows,)
+
+
+def test_the_unsquash_is_rllibs_bit_for_bit_and_leaves_unbounded_boxes_to_rllib():
+    from gymnasium import spaces
+    from ray.rllib.utils.spaces.space_utils import unsquash_action
+
+    from rayrl.sampling.fast_runner import unsquash_for
+
+    rng = np.random.default_rng(0)
+    for space in (
+        spaces.Box(-1.0, 1.0, (3,), np.float32),  # Hopper's
+        spaces.Box(np.array([-2.0, 0.0]), np.array([2.0, 0.5]), dtype=np.float64),
+    ):
+        unsquash = unsquash_for(space)
+        for _ in range(20):
+            a = (rng.standard_normal((4, *space.shape)) * 1.5).astype(np.float32)  # some beyond [-1, 1]
+            want = unsquash_action(a, space)
+            got = unsquash(a)
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+    half = spaces.Box(np.array([-np.inf, 0.0]), np.array([1.0, 1.0]), dtype=np.float32)
+    a = np.array([[3.0, 3.0]], np.float32)
+    assert np.array_equal(unsquash_for(half)(a), unsquash_action(a, half)) and unsquash_for(half)(a)[0, 0] == 3.0
+
+
 def build_hopper(normalize_obs: bool):
     """The shipped Hopper config, short episodes, 2 envs."""
     from pathlib import Path
