@@ -213,6 +213,39 @@ def test_the_gaussian_draw_is_rllibs_draw_bit_for_bit(rows, dims):
     assert torch.equal(got, want) and torch.equal(got_logp, want_logp) and got_logp.shape == (rows,)
 
 
+def test_the_traced_policy_follows_weight_syncs_and_is_traced_again_for_new_tensors_or_shapes():
+    from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import DefaultPPOTorchRLModule
+
+    from rayrl.sampling.fast_runner import FastEnvRunner
+    from rayrl.sampling.traced import TracedPolicy, traceable
+
+    cfg = config("env.runner=fast")
+    mine, other = runner(FastEnvRunner, cfg).module, runner(FastEnvRunner, cfg).module
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p))
+
+    def called(x):
+        return mine._forward_exploration({"obs": x})["action_dist_inputs"]
+
+    x = torch.randn(8, 4)
+    policy = TracedPolicy(mine, x)
+    before = policy(x)
+    assert torch.equal(before, called(x))
+    mine.set_state(other.get_state())  # RLlib's weight sync
+    assert torch.equal(policy(x), called(x)) and not torch.equal(policy(x), before)
+    assert policy.fits(mine, x) and not policy.fits(mine, torch.randn(4, 4)) and not policy.fits(other, x)
+    head = mine.pi.net.mlp[0]
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())  # a new tensor, not a copy into it
+    assert not policy.fits(mine, x)
+
+    class Custom(type(mine)):  # a user's forward: never traced
+        def _forward(self, batch, **kwargs):
+            return DefaultPPOTorchRLModule._forward(self, batch, **kwargs)
+
+    assert traceable(mine, "cpu") and not traceable(mine, "cuda:0") and not traceable(object.__new__(Custom), "cpu")
+
+
 def test_the_unsquash_is_rllibs_bit_for_bit_and_leaves_unbounded_boxes_to_rllib():
     from gymnasium import spaces
     from ray.rllib.utils.spaces.space_utils import unsquash_action

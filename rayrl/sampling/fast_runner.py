@@ -38,7 +38,7 @@ from ray.rllib.utils.spaces.space_utils import clip_action, unsquash_action
 from ray.tune.registry import ENV_CREATOR, _global_registry
 
 from rayrl.envs import registry
-from rayrl.sampling import backends, episodes
+from rayrl.sampling import backends, episodes, traced
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,8 @@ class FastEnvRunner(SingleAgentEnvRunner):
         self._carry: list[episodes.Carry] = []
         self._rollout: episodes.Rollout | None = None
         self._fast_ran = False
+        self._traced: traced.TracedPolicy | None = None
+        self._trace_failed = False
         super().__init__(config=config, **kwargs)
         self._obs_filter, self._obs_filter_of = self._find_obs_filter(), getattr(self, "_env_to_module", None)
         self.fast_off_reason = self._why_not_fast()
@@ -207,6 +209,7 @@ class FastEnvRunner(SingleAgentEnvRunner):
         prev_done = np.array([c.pending_reset for c in self._carry])
         obs_buf, act_buf, logp_buf, dist_buf = _buffers(r)
         obs, ts, t = self._fast_obs, 0, 0
+        policy = self._policy(module, obs_tensor(obs, device))
         # forward_exploration/inference switch the module to eval and back on every call (two walks
         # over its submodules); do it once per rollout and call what they call.
         was_training = module.training
@@ -219,12 +222,15 @@ class FastEnvRunner(SingleAgentEnvRunner):
                         obs_buf, act_buf, logp_buf, dist_buf = _buffers(r)
                     obs_buf[t] = obs
                     r.times[t] = time.perf_counter()
-                    batch = {Columns.OBS: obs_tensor(obs_buf[t], device)}
-                    if explore:
-                        out = module._forward_exploration(batch, t=t_global + ts * runners)
+                    if policy is not None:
+                        inputs = policy(obs_tensor(obs_buf[t], device))
                     else:
-                        out = module._forward_inference(batch)
-                    inputs = out[Columns.ACTION_DIST_INPUTS]
+                        batch = {Columns.OBS: obs_tensor(obs_buf[t], device)}
+                        if explore:
+                            out = module._forward_exploration(batch, t=t_global + ts * runners)
+                        else:
+                            out = module._forward_inference(batch)
+                        inputs = out[Columns.ACTION_DIST_INPUTS]
                     if gaussian:
                         actions, logp = diag_gaussian_draw(inputs)
                     else:
@@ -260,6 +266,19 @@ class FastEnvRunner(SingleAgentEnvRunner):
         self._log_env_steps(metric=self._metrics_num_env_steps_sampled, num_steps=ts)
         self._increase_sampled_metrics(ts, len(done))
         return done + ongoing
+
+    def _policy(self, module: Any, example: torch.Tensor) -> traced.TracedPolicy | None:
+        """RLlib's default PPO forward traced for this batch shape (rayrl.sampling.traced), or None:
+        call the module."""
+        if self._trace_failed or not traced.traceable(module, self._device):
+            return None
+        if self._traced is None or not self._traced.fits(module, example):
+            try:
+                self._traced = traced.TracedPolicy(module, example)
+            except Exception as e:  # noqa: BLE001 - a module the tracer cannot follow: call it
+                logger.warning("rayrl fast runner: the policy is called untraced (%s: %s)", type(e).__name__, e)
+                self._trace_failed, self._traced = True, None
+        return self._traced
 
     def _rollout_for(self, capacity: int, explore: bool) -> episodes.Rollout:
         """The preallocated arrays (kept between rollouts); shapes from one forward pass."""
