@@ -246,6 +246,24 @@ def test_the_traced_policy_follows_weight_syncs_and_is_traced_again_for_new_tens
     assert traceable(mine, "cpu") and not traceable(mine, "cuda:0") and not traceable(object.__new__(Custom), "cpu")
 
 
+def test_infos_are_left_unmerged_only_inside_the_fast_loop():
+    import gymnasium as gym
+
+    from rayrl.sampling.fast_runner import without_infos
+
+    venv = gym.vector.SyncVectorEnv([lambda: gym.make("Hopper-v5")] * 2)
+    venv.reset(seed=0)
+    zero = np.zeros((2, 3), np.float32)
+    with without_infos(venv):
+        obs, *_, infos = venv.step(zero)
+    assert infos == {} and obs.shape == (2, 11)
+    assert "x_position" in venv.step(zero)[-1]  # RLlib's loop gets its infos back
+    same = gym.vector.SyncVectorEnv([lambda: gym.make("Hopper-v5")], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    same.reset(seed=0)
+    with without_infos(same):  # infos carry the final observation there: kept
+        assert "x_position" in same.step(zero[:1])[-1]
+
+
 def test_the_unsquash_is_rllibs_bit_for_bit_and_leaves_unbounded_boxes_to_rllib():
     from gymnasium import spaces
     from ray.rllib.utils.spaces.space_utils import unsquash_action

@@ -18,14 +18,17 @@ non-Box observations, episode-count or random-action sampling.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 from gymnasium import spaces
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from gymnasium.wrappers.vector import DictInfoToList
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.callbacks.utils import make_callback
@@ -215,7 +218,7 @@ class FastEnvRunner(SingleAgentEnvRunner):
         was_training = module.training
         module.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), without_infos(venv):
                 while ts < num_timesteps:
                     if t >= r.capacity:
                         r.ensure(t + 1)
@@ -314,6 +317,25 @@ class FastEnvRunner(SingleAgentEnvRunner):
             if self.config.clip_actions:
                 return lambda a: clip_action(a, act_space)
         return lambda a: a
+
+
+@contextlib.contextmanager
+def without_infos(venv: Any) -> Iterator[None]:
+    """Gymnasium's SyncVectorEnv without its per-step info merging, which the fast loop discards
+    (one array per info key per step: MuJoCo envs return six). Only in NEXT_STEP autoreset mode,
+    where infos carry nothing the loop needs; RLlib's own loop keeps them."""
+    if not isinstance(venv, SyncVectorEnv) or venv.autoreset_mode != AutoresetMode.NEXT_STEP:
+        yield
+        return
+    venv._add_info = _keep_infos
+    try:
+        yield
+    finally:
+        del venv._add_info
+
+
+def _keep_infos(infos: dict, env_info: dict, env_num: int) -> dict:
+    return infos
 
 
 def unsquash_for(space: spaces.Box) -> Any:
