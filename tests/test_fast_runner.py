@@ -264,6 +264,23 @@ def test_infos_are_left_unmerged_only_inside_the_fast_loop():
         assert "x_position" in same.step(zero[:1])[-1]
 
 
+@pytest.mark.parametrize("rows,actions", [(1, 2), (8, 2), (8, 6)])
+def test_the_categorical_draw_is_rllibs_draw_bit_for_bit(rows, actions):
+    from ray.rllib.core.distribution.torch.torch_distribution import TorchCategorical
+
+    from rayrl.sampling.fast_runner import categorical_draw
+
+    for seed in range(20):
+        inputs = torch.randn(rows, actions) * 3
+        torch.manual_seed(seed)
+        dist = TorchCategorical.from_logits(inputs)
+        want = dist.sample()
+        want_logp = dist.logp(want)
+        torch.manual_seed(seed)
+        got, got_logp = categorical_draw(inputs)
+        assert torch.equal(got, want) and torch.equal(got_logp, want_logp) and got.shape == (rows,)
+
+
 def test_the_unsquash_is_rllibs_bit_for_bit_and_leaves_unbounded_boxes_to_rllib():
     from gymnasium import spaces
     from ray.rllib.utils.spaces.space_utils import unsquash_action

@@ -33,7 +33,7 @@ from gymnasium.wrappers.vector import DictInfoToList
 from ray.rllib.callbacks.callbacks import RLlibCallback
 from ray.rllib.callbacks.utils import make_callback
 from ray.rllib.core.columns import Columns
-from ray.rllib.core.distribution.torch.torch_distribution import TorchDiagGaussian
+from ray.rllib.core.distribution.torch.torch_distribution import TorchCategorical, TorchDiagGaussian
 from ray.rllib.env.env_context import EnvContext
 from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
@@ -203,7 +203,7 @@ class FastEnvRunner(SingleAgentEnvRunner):
             self._ongoing_episodes_for_metrics.clear()
         module, device = self.module, self._device
         dist_cls = module.get_exploration_action_dist_cls() if explore else module.get_inference_action_dist_cls()
-        gaussian = explore and dist_cls is TorchDiagGaussian  # its draw without torch.distributions
+        draw = DRAWS.get(dist_cls) if explore else None  # RLlib's draw without torch.distributions
         r = self._rollout_for(math.ceil(num_timesteps / n) + 1, explore)
         act_space = self.env.single_action_space
         to_env = self._env_actions(act_space)
@@ -234,8 +234,8 @@ class FastEnvRunner(SingleAgentEnvRunner):
                         else:
                             out = module._forward_inference(batch)
                         inputs = out[Columns.ACTION_DIST_INPUTS]
-                    if gaussian:
-                        actions, logp = diag_gaussian_draw(inputs)
+                    if draw is not None:
+                        actions, logp = draw(inputs)
                     else:
                         dist = dist_cls.from_logits(inputs)
                         if not explore:
@@ -361,6 +361,20 @@ def diag_gaussian_draw(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     actions = torch.normal(loc, scale)
     logp = -((actions - loc) ** 2) / (2 * scale**2) - scale.log() - _HALF_LOG_2PI
     return actions, logp.sum(-1)
+
+
+def categorical_draw(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An action and its log-probability from RLlib's TorchCategorical over ``inputs`` (logits),
+    computed as ``torch.distributions.Categorical`` computes them (normalised logits, softmax,
+    one multinomial draw per row: the same random draw, the same bits)."""
+    logits = inputs - inputs.logsumexp(dim=-1, keepdim=True)
+    probs = torch.softmax(logits, dim=-1)
+    actions = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, True).T.reshape(probs.shape[:-1])
+    return actions, logits.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+
+
+#: The exploration draws computed in closed form, by RLlib's distribution class.
+DRAWS = {TorchDiagGaussian: diag_gaussian_draw, TorchCategorical: categorical_draw}
 
 
 def obs_tensor(obs: np.ndarray, device: Any) -> torch.Tensor:
