@@ -281,6 +281,20 @@ def test_the_categorical_draw_is_rllibs_draw_bit_for_bit(rows, actions):
         assert torch.equal(got, want) and torch.equal(got_logp, want_logp) and got.shape == (rows,)
 
 
+def test_a_policy_the_tracer_cannot_follow_is_called_untraced(monkeypatch, caplog):
+    from rayrl.sampling.fast_runner import FastEnvRunner
+
+    fast = runner(FastEnvRunner, config("env.runner=fast"))
+
+    def gone(*args, **kwargs):
+        raise RuntimeError("no tracer in this torch")
+
+    monkeypatch.setattr(torch.jit, "trace", gone)
+    episodes = fast.sample(num_timesteps=64, explore=True)
+    assert sum(len(e) for e in episodes) >= 64 and fast._trace_failed and fast._traced is None
+    assert "called untraced (RuntimeError: no tracer in this torch)" in caplog.text
+
+
 def test_the_unsquash_is_rllibs_bit_for_bit_and_leaves_unbounded_boxes_to_rllib():
     from gymnasium import spaces
     from ray.rllib.utils.spaces.space_utils import unsquash_action

@@ -7,6 +7,11 @@ so it returns the same numbers, and it follows weight syncs, which copy into tho
 
 Only RLlib's default PPO module qualifies (its forward is known to be encoder then pi head, with
 no data-dependent branch), on CPU, stateless; anything else keeps calling the module.
+
+torch 2.13 marks ``torch.jit.trace`` deprecated (for ``torch.export``, whose module runs this forward
+~2x slower than the plain call at batch 1 here, and ``torch.compile``, tens of seconds per runner).
+Its warning is silenced here; if a later torch drops or breaks the tracer, the runner logs it once
+and calls the module untraced.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class TracedPolicy:
             # The pi head repeats log std len(batch) times: the trace keeps this batch size, the
             # only one it is called with (see fits).
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
             self.trace = torch.jit.trace(_DistInputs(module), (example,), check_trace=False)
 
     def fits(self, module: Any, obs: torch.Tensor) -> bool:
