@@ -160,6 +160,7 @@ def test_fast_runner_samples_exactly_what_rllibs_runner_samples():
         for col in ("advantages", "value_targets", "obs", "truncateds", "terminateds"):
             np.testing.assert_allclose(ga[col], gb[col], atol=1e-5, err_msg=col)
     assert terminated > 5 and truncated > 5 and cut > 0  # every kind of end was exercised
+    assert fast._traced is not None  # the traced forward made these episodes
     ma, mb = ref.get_metrics(), fast.get_metrics()
     for key in ("episode_return_mean", "episode_len_mean", "num_env_steps_sampled_lifetime", "num_episodes"):
         assert float(ma[key].peek() if hasattr(ma[key], "peek") else ma[key]) == pytest.approx(
@@ -185,6 +186,7 @@ def test_fast_runner_matches_rllib_on_mujoco_float64_observations_and_box_action
     fast.module.set_state(ref.module.get_state())
     for _a, b in paired_rollouts(ref, fast, 2, 256, 1e-5, extra_atol=1e-4):
         assert sum(len(e) for e in b) >= 256
+    assert fast._traced is not None  # the traced forward made these episodes
     if normalize_obs:  # the filter's running stats (what RLlib merges across runners and checkpoints)
         fa = next(p for p in ref._env_to_module.connectors if type(p).__name__ == "MeanStdFilter")._filters[None]
         fb = fast._obs_filter._filters[None]
@@ -247,6 +249,7 @@ def test_the_traced_policy_follows_weight_syncs_and_is_traced_again_for_new_tens
 
 
 def test_infos_are_left_unmerged_only_inside_the_fast_loop():
+    pytest.importorskip("mujoco", reason="MuJoCo comes with gymnasium[mujoco] (a core dependency)")
     import gymnasium as gym
 
     from rayrl.sampling.fast_runner import without_infos
@@ -362,6 +365,36 @@ def test_fast_runner_falls_back_to_rllib_for_what_it_does_not_handle():
     assert len(eps) >= 3 and all(e.is_done for e in eps)
     eps = fast.sample(num_timesteps=64, explore=True)
     assert sum(len(e) for e in eps) >= 64 and all(e.t_started == 0 for e in eps)  # started from a reset
+
+
+class _ScalarAction:
+    """Pendulum with a scalar Box action (shape ()): RLlib's module draws (n, 1) actions for it."""
+
+    @staticmethod
+    def make(**kwargs):
+        import gymnasium as gym
+
+        class Scalar(gym.ActionWrapper):
+            def __init__(self, env):
+                super().__init__(env)
+                self.action_space = gym.spaces.Box(-2.0, 2.0, (), np.float32)
+
+            def action(self, action):
+                return np.reshape(action, (1,))
+
+        return Scalar(gym.make("Pendulum-v1", **kwargs))
+
+
+def test_a_scalar_box_action_takes_rllibs_loop():
+    import gymnasium as gym
+
+    from rayrl.sampling.fast_runner import FastEnvRunner
+
+    if "RayrlScalarPendulum-v0" not in gym.registry:
+        gym.register("RayrlScalarPendulum-v0", entry_point=_ScalarAction.make, max_episode_steps=200)
+    fast = runner(FastEnvRunner, config("env.id=RayrlScalarPendulum-v0"))
+    assert "scalar Box" in fast.fast_off_reason
+    assert sum(len(e) for e in fast.sample(num_timesteps=64, explore=True)) >= 64
 
 
 def test_envpool_backend_samples_cartpole_episodes():

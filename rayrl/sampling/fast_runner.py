@@ -163,6 +163,8 @@ class FastEnvRunner(SingleAgentEnvRunner):
             return f"observation space {obs} is not a Box"
         if not isinstance(act, (spaces.Discrete, spaces.Box)):
             return f"action space {act} is neither Discrete nor Box"
+        if isinstance(act, spaces.Box) and act.shape == ():
+            return f"action space {act} is a scalar Box (the module draws shape (1,) actions)"
         return None
 
     # ---- sampling -----------------------------------------------------------------------------
@@ -212,12 +214,12 @@ class FastEnvRunner(SingleAgentEnvRunner):
         prev_done = np.array([c.pending_reset for c in self._carry])
         obs_buf, act_buf, logp_buf, dist_buf = _buffers(r)
         obs, ts, t = self._fast_obs, 0, 0
-        policy = self._policy(module, obs_tensor(obs, device))
         # forward_exploration/inference switch the module to eval and back on every call (two walks
         # over its submodules); do it once per rollout and call what they call.
         was_training = module.training
         module.eval()
         try:
+            policy = self._policy(module, obs_tensor(obs, device))  # traced in eval mode, as it runs
             with torch.no_grad(), without_infos(venv):
                 while ts < num_timesteps:
                     if t >= r.capacity:
