@@ -60,7 +60,7 @@ class TracedPolicy:
             # The pi head repeats log std len(batch) times: the trace keeps this batch size, the
             # only one it is called with (see fits).
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.filterwarnings("ignore", r"`torch\.jit\.trace", DeprecationWarning)  # its own only
             self.trace = torch.jit.trace(_DistInputs(module), (example,), check_trace=False)
 
     def fits(self, module: Any, obs: torch.Tensor) -> bool:
