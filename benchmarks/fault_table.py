@@ -1316,7 +1316,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=Path(tempfile.gettempdir()) / "rayrl-fault-table",
         help="scratch folder; a fault with WORK/FAULT/row.json is kept, not measured again (default %(default)s)",
     )
-    p.add_argument("--iters", type=int, default=40, help="iterations each run trains in all (default %(default)s)")
+    p.add_argument(
+        "--iters",
+        type=int,
+        default=80,
+        help="iterations each run trains in all (default %(default)s: a fault waits until Tune has saved "
+        "its state in the bucket, and a 40-iteration run once ended first)",
+    )
     p.add_argument("--outage-s", type=float, default=30.0, help="s3_down: seconds refused (default %(default)s)")
     p.add_argument(
         "--put-delay-s", type=float, default=5.0, help="s3_slow: seconds each PUT is held (default %(default)s)"
