@@ -367,22 +367,19 @@ def test_fast_runner_falls_back_to_rllib_for_what_it_does_not_handle():
     assert sum(len(e) for e in eps) >= 64 and all(e.t_started == 0 for e in eps)  # started from a reset
 
 
-class _ScalarAction:
+def scalar_action_pendulum(**kwargs):
     """Pendulum with a scalar Box action (shape ()): RLlib's module draws (n, 1) actions for it."""
+    import gymnasium as gym
 
-    @staticmethod
-    def make(**kwargs):
-        import gymnasium as gym
+    class Scalar(gym.ActionWrapper):
+        def __init__(self, env):
+            super().__init__(env)
+            self.action_space = gym.spaces.Box(-2.0, 2.0, (), np.float32)
 
-        class Scalar(gym.ActionWrapper):
-            def __init__(self, env):
-                super().__init__(env)
-                self.action_space = gym.spaces.Box(-2.0, 2.0, (), np.float32)
+        def action(self, action):
+            return np.reshape(action, (1,))
 
-            def action(self, action):
-                return np.reshape(action, (1,))
-
-        return Scalar(gym.make("Pendulum-v1", **kwargs))
+    return Scalar(gym.make("Pendulum-v1", **kwargs))
 
 
 def test_a_scalar_box_action_takes_rllibs_loop():
@@ -391,7 +388,7 @@ def test_a_scalar_box_action_takes_rllibs_loop():
     from rayrl.sampling.fast_runner import FastEnvRunner
 
     if "RayrlScalarPendulum-v0" not in gym.registry:
-        gym.register("RayrlScalarPendulum-v0", entry_point=_ScalarAction.make, max_episode_steps=200)
+        gym.register("RayrlScalarPendulum-v0", entry_point=scalar_action_pendulum, max_episode_steps=200)
     fast = runner(FastEnvRunner, config("env.id=RayrlScalarPendulum-v0"))
     assert "scalar Box" in fast.fast_off_reason
     assert sum(len(e) for e in fast.sample(num_timesteps=64, explore=True)) >= 64

@@ -324,7 +324,7 @@ class FastEnvRunner(SingleAgentEnvRunner):
 @contextlib.contextmanager
 def without_infos(venv: Any) -> Iterator[None]:
     """Gymnasium's SyncVectorEnv without its per-step info merging, which the fast loop discards
-    (one array per info key per step: MuJoCo envs return six). Only in NEXT_STEP autoreset mode,
+    (one array per info key per step). Only in NEXT_STEP autoreset mode,
     where infos carry nothing the loop needs; RLlib's own loop keeps them."""
     if not isinstance(venv, SyncVectorEnv) or venv.autoreset_mode != AutoresetMode.NEXT_STEP:
         yield
@@ -342,7 +342,7 @@ def _keep_infos(infos: dict, env_info: dict, env_num: int) -> dict:
 
 def unsquash_for(space: spaces.Box) -> Any:
     """RLlib's ``unsquash_action`` for one Box, its bounds read once instead of at every step (RLlib's
-    walks the space tree and tests the bounds each call, ~8% of a one-env MuJoCo step)."""
+    walks the space tree and tests the bounds on each call)."""
     floating = space.dtype in (np.float32, np.float64)
     if not (floating and np.all(space.bounded_below) and np.all(space.bounded_above)):
         return lambda a: unsquash_action(a, space)
@@ -356,8 +356,7 @@ _HALF_LOG_2PI = math.log(math.sqrt(2 * math.pi))  # the constant torch's Normal.
 def diag_gaussian_draw(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """An action and its log-probability from RLlib's TorchDiagGaussian over ``inputs`` (mean, log std),
     computed as ``torch.distributions.Normal`` computes them (the same random draw, the same
-    bits) without building the distribution objects, which cost as much as the policy's forward
-    pass at batch 1."""
+    bits) without building the distribution objects (docs/sampling.md)."""
     loc, log_std = inputs.chunk(2, dim=-1)
     scale = log_std.exp()
     actions = torch.normal(loc, scale)

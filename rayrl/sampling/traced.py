@@ -1,15 +1,16 @@
 """RLlib's default PPO policy forward, traced once for the fast runner's batch of observations.
 
-At one env (MuJoCo at RL Zoo's settings) the module's Python dispatch, about twelve ``nn.Module``
-calls per step, costs about as much as MuJoCo's own step. A TorchScript trace of
+At one env (MuJoCo at RL Zoo's settings) the module's Python dispatch, a dozen ``nn.Module`` calls
+per step, is a large part of the step (docs/benchmarks.md section 14). A TorchScript trace of
 ``_forward_exploration`` runs the same aten ops on the same parameter tensors without that dispatch,
 so it returns the same numbers, and it follows weight syncs, which copy into those tensors in place.
 
 Only RLlib's default PPO module qualifies (its forward is known to be encoder then pi head, with
 no data-dependent branch), on CPU, stateless; anything else keeps calling the module.
 
-torch 2.13 marks ``torch.jit.trace`` deprecated (for ``torch.export``, whose module runs this forward
-~2x slower than the plain call at batch 1 here, and ``torch.compile``, tens of seconds per runner).
+torch 2.13 marks ``torch.jit.trace`` deprecated (for ``torch.export``, whose module ran this forward
+slower than the plain call at batch 1, and ``torch.compile``, whose compile each runner would pay;
+docs/sampling.md).
 Its warning is silenced here; if a later torch drops or breaks the tracer, the runner logs it once
 and calls the module untraced.
 """
