@@ -196,6 +196,29 @@ def test_population_explore_stays_in_the_spec_ranges():
         S.from_dict({"population": {"size": 1}})
 
 
+def test_an_exploited_paused_trial_loses_the_stop_tune_cached_for_its_dropped_save():
+    """ray-project/ray#57906: Tune caches a STOP when PBT pauses a trial mid-save; left there, it ends
+    the trial at its next save (a CI run's population lost a member that way). Only that STOP goes."""
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import TrialScheduler
+
+    from rayrl.train.population import drop_stale_stop
+
+    def scheduler_view(decisions: dict) -> SimpleNamespace:  # what PBT is handed: a wrapper of the controller
+        return SimpleNamespace(_tune_controller=SimpleNamespace(_cached_trial_decisions=decisions))
+
+    paused = SimpleNamespace(trial_id="a", status=Trial.PAUSED)
+    decisions = {"a": TrialScheduler.STOP, "b": TrialScheduler.STOP}
+    assert drop_stale_stop(scheduler_view(decisions), paused) and decisions == {"b": TrialScheduler.STOP}
+    for trial, decision in [
+        (paused, TrialScheduler.PAUSE),  # a pause still owed after a save is kept
+        (SimpleNamespace(trial_id="a", status=Trial.RUNNING), TrialScheduler.STOP),  # a real stop is kept
+    ]:
+        decisions = {"a": decision}
+        assert not drop_stale_stop(scheduler_view(decisions), trial) and decisions == {"a": decision}
+    assert not drop_stale_stop(SimpleNamespace(), paused)  # a Tune without the attribute: left alone
+
+
 def test_a_population_run_is_judged_by_its_best_member(tmp_path):
     import pandas as pd
     from test_report import history_rows, write_run

@@ -88,12 +88,38 @@ def tune_config(spec: Spec, run_dir: Path) -> Any:
     return tune.TuneConfig(scheduler=scheduler, num_samples=p.size, reuse_actors=False)
 
 
+def drop_stale_stop(tune_controller: Any, trial: Any) -> bool:
+    """Undo the STOP Tune caches when PBT pauses a trial that is mid-save (ray-project/ray#57906).
+
+    Synchronous PBT pauses a waiting trial with a save; exploiting it while that save is in flight
+    pauses it again without one, and Tune's controller then caches a STOP "for after the save" and
+    drops the save. The STOP outlives the pause: the trial's next save after its restart ends it,
+    short of its budget and out of the population. The trial is PAUSED (to resume from the clone's
+    checkpoint), so no decision is pending for it: drop the STOP. True when one was dropped.
+    """
+    from ray.tune.experiment import Trial
+    from ray.tune.schedulers import TrialScheduler
+
+    controller = getattr(tune_controller, "_tune_controller", tune_controller)  # the scheduler's view wraps it
+    cached = getattr(controller, "_cached_trial_decisions", None)
+    if trial.status != Trial.PAUSED or not isinstance(cached, dict):
+        return False
+    if cached.get(trial.trial_id) != TrialScheduler.STOP:
+        return False
+    del cached[trial.trial_id]
+    return True
+
+
 class RecordingPBT(PopulationBasedTraining):
     """Tune's PBT, also appending each exploit/explore step to population.csv in the run folder."""
 
     def __init__(self, path: Path, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.path = Path(path)
+
+    def _exploit(self, tune_controller: Any, trial: Any, trial_to_clone: Any) -> None:
+        super()._exploit(tune_controller, trial, trial_to_clone)
+        drop_stale_stop(tune_controller, trial)
 
     def _log_config_on_step(
         self, trial_state: Any, new_state: Any, trial: Any, trial_to_clone: Any, new_config: dict
